@@ -1,0 +1,32 @@
+"""`flexmarl inspect WORKDIR`: what a run directory holds, as text."""
+
+from __future__ import annotations
+
+import json
+import os
+
+
+def _metrics_summary(workdir: str) -> str:
+    path = os.path.join(workdir, "metrics.jsonl")
+    if not os.path.isfile(path):
+        return "metrics: none (no metrics.jsonl)"
+    with open(path) as handle:
+        rows = [json.loads(line) for line in handle if line.strip()]
+    if not rows:
+        return "metrics: metrics.jsonl is empty"
+    first, last = rows[0], rows[-1]
+    return (f"metrics: {len(rows)} iterations; team_accuracy {first.get('team_accuracy')} -> "
+            f"{last.get('team_accuracy')}; last e2e_s {last.get('e2e_s')}")
+
+
+def format_workdir_summary(workdir: str) -> str:
+    """Experience-store tables (per agent) and a one-line metrics summary."""
+    parts = [f"workdir: {os.path.abspath(workdir)}"]
+    try:
+        from flexmarl_jax.store.inspect import format_store_summary
+    except ImportError:
+        parts.append("store: the experience store package is not installed")
+    else:
+        parts.append(format_store_summary(workdir))
+    parts.append(_metrics_summary(workdir))
+    return "\n".join(parts)

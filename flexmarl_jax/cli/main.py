@@ -1,0 +1,144 @@
+"""`flexmarl` — train, bench, inspect.
+
+Each subcommand is a thin shell over a function tests can call directly. Heavy imports (JAX, JetStream,
+TensorFlow) happen inside the subcommand that needs them, so `flexmarl --help` stays fast.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import pkgutil
+import sys
+
+from flexmarl_jax.config import ConfigError
+
+COMMANDS_HELP = """commands:
+  train     run multi-agent RL (default config: the embedded configs/tiny.py)
+  bench     run a benchmark: flexmarl bench NAME [--json PATH] (flexmarl bench --list)
+  inspect   summarise a workdir (experience store tables, metrics)
+"""
+
+
+def _split_config_args(argv: list[str]) -> tuple[str | None, dict[str, str], list[str]]:
+    """Pulls `--config=SPEC` and `--config.KEY=VALUE` (also space-separated) out of argv."""
+    spec, overrides, rest = None, {}, []
+    items = iter(argv)
+    for item in items:
+        if item == "--config" or item.startswith("--config.") and "=" not in item:
+            try:
+                value = next(items)
+            except StopIteration:
+                raise ConfigError(f"{item} needs a value") from None
+            item = f"{item}={value}"
+        if item.startswith("--config="):
+            spec = item.split("=", 1)[1]
+        elif item.startswith("--config."):
+            key, value = item[len("--config."):].split("=", 1)
+            overrides[key] = value
+        else:
+            rest.append(item)
+    return spec, overrides, rest
+
+
+def resolve_config(argv: list[str], *, available_devices: int | None = None):
+    """Loads, overrides and validates the config named in `argv`; returns (config, remaining args)."""
+    from flexmarl_jax.config import apply_overrides, load_config, validate_config
+
+    spec, overrides, rest = _split_config_args(argv)
+    config = load_config(spec)
+    apply_overrides(config, overrides)
+    validate_config(config, available_devices=available_devices)
+    return config, rest
+
+
+def _prepare_devices(fake_cpu_devices: int) -> int:
+    """Fakes CPU devices (before JAX is imported) and returns the device count JAX sees."""
+    flags = os.environ.get("XLA_FLAGS", "")
+    if "xla_force_host_platform_device_count" not in flags:
+        os.environ["XLA_FLAGS"] = f"{flags} --xla_force_host_platform_device_count={fake_cpu_devices}".strip()
+    import jax
+
+    if os.environ.get("FLEXMARL_DISTRIBUTED") == "1":  # multi-host (TPU pod): one process per host
+        jax.distributed.initialize()
+    return jax.device_count()
+
+
+def cmd_train(argv: list[str]) -> int:
+    parser = argparse.ArgumentParser(
+        prog="flexmarl train",
+        description="Multi-agent RL. --config=PATH[:variant] (default: embedded configs/tiny.py), "
+                    "--config.KEY=VALUE overrides, --workdir=DIR.")
+    parser.add_argument("--workdir", default=None, help="run directory (default: config.workdir)")
+    config, rest = resolve_config(argv)  # validate fields before touching JAX
+    args = parser.parse_args(rest)
+    device_count = _prepare_devices(config.mesh.fake_cpu_devices)
+    config, _ = resolve_config(argv, available_devices=device_count)
+    if args.workdir:
+        config.workdir = args.workdir
+    try:
+        from flexmarl_jax.orchestrator.run import run_training
+    except ModuleNotFoundError as error:
+        if not error.name.startswith("flexmarl_jax.orchestrator"):
+            raise
+        print("flexmarl train: the config is valid, but the training pipeline (issue [orchestrator]) has not "
+              "landed yet; nothing was trained.", file=sys.stderr)
+        return 3
+    return run_training(config)
+
+
+def _available_benchmarks() -> list[str]:
+    import flexmarl_jax.bench as bench_package
+
+    return sorted(m.name for m in pkgutil.iter_modules(bench_package.__path__) if not m.name.startswith("_"))
+
+
+def cmd_bench(argv: list[str]) -> int:
+    names = _available_benchmarks()
+    if not argv or argv[0] in ("-h", "--help", "--list"):
+        print("usage: flexmarl bench NAME [--json PATH] [options]\navailable: " + ", ".join(names))
+        return 0
+    name, rest = argv[0], argv[1:]
+    if name not in names:
+        print(f"flexmarl bench: unknown benchmark {name!r}; available: {', '.join(names)}", file=sys.stderr)
+        return 2
+    import importlib
+
+    module = importlib.import_module(f"flexmarl_jax.bench.{name}")
+    return int(module.main(rest) or 0)
+
+
+def cmd_inspect(argv: list[str]) -> int:
+    parser = argparse.ArgumentParser(prog="flexmarl inspect", description="Summarise a run directory.")
+    parser.add_argument("workdir")
+    args = parser.parse_args(argv)
+    if not os.path.isdir(args.workdir):
+        print(f"flexmarl inspect: {args.workdir!r} is not a directory", file=sys.stderr)
+        return 2
+    from flexmarl_jax.cli.inspect_workdir import format_workdir_summary
+
+    print(format_workdir_summary(args.workdir))
+    return 0
+
+
+COMMANDS = {"train": cmd_train, "bench": cmd_bench, "inspect": cmd_inspect}
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if not argv or argv[0] in ("-h", "--help"):
+        print("usage: flexmarl COMMAND [options]\n\nflexmarl-jax: multi-agent LLM RL on JAX.\n\n" + COMMANDS_HELP)
+        return 0 if argv else 2
+    command, rest = argv[0], argv[1:]
+    if command not in COMMANDS:
+        print(f"flexmarl: unknown command {command!r}; choose one of: {', '.join(COMMANDS)}", file=sys.stderr)
+        return 2
+    try:
+        return COMMANDS[command](rest)
+    except ConfigError as error:
+        print(f"flexmarl {command}: config error: {error}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())
