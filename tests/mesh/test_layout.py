@@ -1,0 +1,33 @@
+"""Per-agent device layout: disjoint when disaggregated, shared when colocated."""
+
+import jax
+import pytest
+
+from flexmarl_jax.mesh.layout import layout_devices
+
+
+def test_disaggregated_layout_is_disjoint_and_complete():
+    devices = jax.devices()
+    layout = layout_devices(devices, ["a", "b", "c"], instances_per_agent=1, rollout_devices_per_instance=1,
+                            train_devices_per_agent=1)
+    used = [d for agent in layout.values() for group in (*agent.rollout_groups, agent.train_devices) for d in group]
+    assert len(used) == 6 and len(set(used)) == 6
+    assert layout["b"].train_mesh().devices.size == 1
+    two = layout_devices(devices, ["a", "b"], instances_per_agent=2, rollout_devices_per_instance=1,
+                         train_devices_per_agent=2)
+    assert two["a"].train_mesh().shape == {"fsdp": 2, "tp": 1}
+    assert two["b"].train_mesh(tp=2).shape == {"fsdp": 1, "tp": 2}
+    assert len(two["a"].rollout_groups) == 2 and two["a"].rollout_groups[0] != two["a"].rollout_groups[1]
+
+
+def test_colocated_layout_reuses_training_devices():
+    layout = layout_devices(jax.devices(), ["a", "b"], instances_per_agent=2, rollout_devices_per_instance=1,
+                            train_devices_per_agent=2, colocate=True)
+    assert layout["a"].rollout_groups == (layout["a"].train_devices,) * 2
+    assert not set(layout["a"].train_devices) & set(layout["b"].train_devices)
+
+
+def test_too_many_devices_requested():
+    with pytest.raises(ValueError, match="needs 12 devices"):
+        layout_devices(jax.devices(), ["a", "b", "c", "d"], instances_per_agent=1, rollout_devices_per_instance=1,
+                       train_devices_per_agent=2)
