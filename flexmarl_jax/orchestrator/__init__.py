@@ -1,0 +1,1 @@
+"""The joint orchestrator: pipeline modes, dispatch, consistency invariants, agent-centric allocation."""
