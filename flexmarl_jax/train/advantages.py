@@ -1,0 +1,111 @@
+"""Advantage estimators, computed once per iteration over all of an agent's samples (before dispatch).
+
+Group-relative estimators (GRPO, Dr.GRPO, RLOO) compare each sample's reward to the other samples of
+its group (same prompt). GAE (for PPO) turns per-token rewards and critic values into advantages and
+value targets. All are pure jnp functions; ``group_advantages`` is the host-side entry point that maps
+arbitrary group ids to dense indices.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Hashable, Sequence
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from flexmarl_jax.train.registry import Registry
+
+GroupEstimator = Callable[..., jax.Array]
+ADVANTAGES: Registry[GroupEstimator] = Registry("advantage estimator")
+
+
+def _group_stats(rewards: jax.Array, group_index: jax.Array, num_groups: int):
+    """Per-sample group size, mean and (population) std; rewards/group_index are ``[num_samples]``."""
+    ones = jnp.ones_like(rewards)
+    count = jax.ops.segment_sum(ones, group_index, num_segments=num_groups)
+    total = jax.ops.segment_sum(rewards, group_index, num_segments=num_groups)
+    mean = total / jnp.maximum(count, 1.0)
+    centered = rewards - mean[group_index]
+    var = jax.ops.segment_sum(centered**2, group_index, num_segments=num_groups) / jnp.maximum(count, 1.0)
+    return count[group_index], mean[group_index], jnp.sqrt(var)[group_index]
+
+
+@ADVANTAGES.register("grpo")
+def grpo_advantages(rewards: jax.Array, group_index: jax.Array, num_groups: int, eps: float = 1e-6):
+    """(r - group mean) / (group std + eps); ``[num_samples]`` -> ``[num_samples]``."""
+    _, mean, std = _group_stats(rewards, group_index, num_groups)
+    return (rewards - mean) / (std + eps)
+
+
+@ADVANTAGES.register("drgrpo")
+def drgrpo_advantages(rewards: jax.Array, group_index: jax.Array, num_groups: int, eps: float = 1e-6):
+    """Dr.GRPO: r - group mean, without dividing by the std (which biases towards easy/hard prompts)."""
+    del eps
+    _, mean, _ = _group_stats(rewards, group_index, num_groups)
+    return rewards - mean
+
+
+@ADVANTAGES.register("rloo")
+def rloo_advantages(rewards: jax.Array, group_index: jax.Array, num_groups: int, eps: float = 1e-6):
+    """Leave-one-out baseline: r_i - mean of the other samples of the group (0 for singleton groups)."""
+    del eps
+    count, mean, _ = _group_stats(rewards, group_index, num_groups)
+    others = jnp.maximum(count - 1.0, 1.0)
+    return jnp.where(count > 1, (rewards - mean) * count / others, 0.0)
+
+
+def group_advantages(
+    rewards: Sequence[float], group_ids: Sequence[Hashable], estimator: str = "grpo", eps: float = 1e-6
+) -> np.ndarray:
+    """Host entry point: per-sample advantages ``[num_samples]`` float32 for one agent's iteration.
+
+    ``group_ids`` may be any hashable values (e.g. the input id of the query); samples sharing one are a
+    group. Must be called with every sample of the iteration so group statistics are the full batch's.
+    """
+    rewards = np.asarray(rewards, np.float32)
+    if rewards.ndim != 1 or len(group_ids) != len(rewards):
+        raise ValueError(f"rewards {rewards.shape} and group_ids ({len(group_ids)}) must be equal-length 1-D")
+    dense: dict[Hashable, int] = {}
+    group_index = np.asarray([dense.setdefault(g, len(dense)) for g in group_ids], np.int32)
+    num_groups = len(dense)
+    fn = ADVANTAGES.get(estimator)
+    return np.asarray(fn(jnp.asarray(rewards), jnp.asarray(group_index, jnp.int32), num_groups, eps))
+
+
+def gae(
+    rewards: jax.Array, values: jax.Array, mask: jax.Array, gamma: float = 1.0, lam: float = 0.95
+) -> tuple[jax.Array, jax.Array]:
+    """Generalised advantage estimation over response tokens.
+
+    rewards, values: ``[batch, seq]`` float32 per-token reward (usually the verifier reward on the last
+    response token) and critic value; mask: ``[batch, seq]`` bool, True on response tokens (contiguous
+    per row). Returns (advantages, returns), both ``[batch, seq]``, zero outside ``mask``. The value after
+    the last response token is taken as 0 (the episode ends there).
+    """
+    mask = mask.astype(jnp.float32)
+    rewards, values = rewards * mask, values * mask
+
+    def step(carry, xs):
+        next_value, next_advantage = carry
+        reward, value, valid = xs
+        delta = reward + gamma * next_value - value
+        advantage = delta + gamma * lam * next_advantage
+        # Outside the response keep the carry at zero so the recursion restarts at the response's end.
+        advantage = advantage * valid
+        return (value * valid, advantage), advantage
+
+    init = (jnp.zeros(rewards.shape[0]), jnp.zeros(rewards.shape[0]))
+    xs = (rewards.T[::-1], values.T[::-1], mask.T[::-1])
+    _, advantages_reversed = jax.lax.scan(step, init, xs)
+    advantages = advantages_reversed[::-1].T
+    return advantages, (advantages + values) * mask
+
+
+def whiten(values: jax.Array, mask: jax.Array, eps: float = 1e-8) -> jax.Array:
+    """(x - mean) / std over the masked entries of the whole iteration (PPO advantage normalisation)."""
+    mask = mask.astype(jnp.float32)
+    count = jnp.maximum(mask.sum(), 1.0)
+    mean = (values * mask).sum() / count
+    var = (((values - mean) * mask) ** 2).sum() / count
+    return (values - mean) / jnp.sqrt(var + eps) * mask

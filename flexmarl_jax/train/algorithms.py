@@ -1,0 +1,45 @@
+"""Named RL algorithms as loss presets (the names `config.train.algorithm` accepts).
+
+An algorithm here is only a choice of loss, advantage estimator and aggregation; `LossConfig` fields can
+still be overridden one by one (e.g. ``kl_coef``).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable
+
+from flexmarl_jax.train.losses import LossConfig
+from flexmarl_jax.train.registry import Registry
+
+ALGORITHMS: Registry[Callable[[], LossConfig]] = Registry("algorithm")
+
+
+@ALGORITHMS.register("grpo")
+def _grpo() -> LossConfig:
+    """GRPO: group mean/std advantages, symmetric clip, per-sequence token mean."""
+    return LossConfig(name="grpo", advantage_estimator="grpo", aggregation="seq_mean")
+
+
+@ALGORITHMS.register("drgrpo")
+def _drgrpo() -> LossConfig:
+    """Dr.GRPO: no std normalisation, token sums over a constant length (no length bias)."""
+    return LossConfig(name="grpo", advantage_estimator="drgrpo", aggregation="seq_mean_token_sum_norm")
+
+
+@ALGORITHMS.register("dapo")
+def _dapo() -> LossConfig:
+    """DAPO: asymmetric clip-higher and token-level mean over the iteration."""
+    return LossConfig(name="grpo", advantage_estimator="grpo", aggregation="token_mean",
+                      clip_eps_low=0.2, clip_eps_high=0.28)
+
+
+@ALGORITHMS.register("ppo")
+def _ppo() -> LossConfig:
+    """PPO: GAE advantages from a critic with a value head, clipped surrogate and value loss."""
+    return LossConfig(name="ppo", aggregation="token_mean")
+
+
+def loss_config_for(algorithm: str, **overrides) -> LossConfig:
+    """The LossConfig of `algorithm` with `overrides` applied (unknown fields raise TypeError)."""
+    return dataclasses.replace(ALGORITHMS.get(algorithm)(), **overrides)

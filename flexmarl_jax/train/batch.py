@@ -1,0 +1,200 @@
+"""Micro-batches for the trainer: a fixed-shape pytree, its validation, and a builder from store rows.
+
+Every micro-batch of an agent has the same static shape ``[micro_batch_size, max_len]`` so the jitted
+gradient step compiles once. Rows shorter than ``max_len`` are right-padded; missing rows (the last
+micro-batch of an uneven iteration) are all-padding rows whose ``token_weights`` are zero, so they add
+exactly nothing to the accumulated gradient.
+
+Alignment: position ``t`` of every ``[batch, seq]`` array describes predicting ``targets[t]`` from
+``tokens[:t+1]``; ``targets`` is ``tokens`` shifted left by one.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Sequence
+
+import jax
+import numpy as np
+
+from flexmarl_jax.train.normalizers import IterationNormalizers, token_weights_for
+
+# name -> required dtype kind of the per-token arrays; used by validation.
+_INT_FIELDS = ("tokens", "targets", "positions")
+_BOOL_FIELDS = ("attention_mask", "loss_mask")
+_FLOAT_FIELDS = (
+    "token_weights",
+    "advantages",
+    "behaviour_logprobs",
+    "old_logprobs",
+    "ref_logprobs",
+    "old_values",
+    "returns",
+)
+ARRAY_FIELDS = _INT_FIELDS + _BOOL_FIELDS + _FLOAT_FIELDS
+
+
+@dataclasses.dataclass(frozen=True)
+class MicroBatch:
+    """One agent's micro-batch; every array is ``[batch, seq]``.
+
+    tokens, targets, positions: int32 inputs, next-token targets and positions (0.. per row).
+    attention_mask: bool, True on real input tokens (right padding is False).
+    loss_mask: bool, True where ``targets`` is a response token that is trained on.
+    token_weights: float32 aggregation weight per token, already divided by the iteration's normaliser
+        (0 where ``loss_mask`` is False) so the iteration loss is a plain sum over micro-batches.
+    advantages: float32 per-token advantage (GRPO broadcasts the sequence advantage over its tokens).
+    behaviour_logprobs: float32 log-probs recorded by the rollout engine that generated the token.
+    old_logprobs: float32 log-probs under the policy at the start of this iteration (the PPO ratio's
+        denominator; equal to ``behaviour_logprobs`` when samples are on-policy).
+    ref_logprobs: float32 log-probs under the frozen reference model (used only when the KL is on).
+    old_values, returns: float32 critic values before the update and value targets (PPO only).
+    agent: name of the agent whose rows these are (static metadata, checked by the trainer).
+    """
+
+    tokens: jax.Array
+    targets: jax.Array
+    positions: jax.Array
+    attention_mask: jax.Array
+    loss_mask: jax.Array
+    token_weights: jax.Array
+    advantages: jax.Array
+    behaviour_logprobs: jax.Array
+    old_logprobs: jax.Array
+    ref_logprobs: jax.Array
+    old_values: jax.Array
+    returns: jax.Array
+    agent: str = dataclasses.field(default="", metadata=dict(static=True))
+
+    @property
+    def shape(self) -> tuple[int, int]:
+        return tuple(self.tokens.shape)
+
+    def replace(self, **changes) -> MicroBatch:
+        return dataclasses.replace(self, **changes)
+
+
+jax.tree_util.register_dataclass(MicroBatch, data_fields=list(ARRAY_FIELDS), meta_fields=["agent"])
+
+
+def validate_micro_batch(batch: MicroBatch, *, agent: str, batch_size: int, max_len: int) -> None:
+    """Raises ValueError naming the offending field unless ``batch`` fits this agent's static shape.
+
+    Runs on the host before anything is traced or applied, so a bad batch never touches the accumulator.
+    """
+    if not isinstance(batch, MicroBatch):
+        raise TypeError(f"expected a MicroBatch, got {type(batch).__name__}")
+    if batch.agent != agent:
+        raise ValueError(f"micro-batch belongs to agent {batch.agent!r}, but this trainer trains {agent!r}")
+    expected = (batch_size, max_len)
+    for name in ARRAY_FIELDS:
+        value = getattr(batch, name)
+        shape = tuple(getattr(value, "shape", ()))
+        if shape != expected:
+            raise ValueError(
+                f"micro-batch field {name!r} has shape {shape}; agent {agent!r} needs {expected} "
+                "([micro_batch_size, max_len]); build it with build_micro_batch(...)"
+            )
+        dtype = np.dtype(getattr(value, "dtype", np.asarray(value).dtype))
+        if name in _INT_FIELDS:
+            ok, allowed = dtype == np.int32, "int32"
+        elif name in _BOOL_FIELDS:
+            ok, allowed = dtype == np.bool_, "bool"
+        else:
+            ok, allowed = dtype == np.float32, "float32"
+        if not ok:
+            raise ValueError(f"micro-batch field {name!r} has dtype {dtype}; allowed: {allowed}")
+
+
+def build_micro_batch(
+    *,
+    agent: str,
+    prompt_ids: Sequence[Sequence[int]],
+    response_ids: Sequence[Sequence[int]],
+    behaviour_logprobs: Sequence[Sequence[float]],
+    advantages: Sequence[float] | Sequence[Sequence[float]],
+    normalizers: IterationNormalizers,
+    aggregation: str,
+    batch_size: int,
+    max_len: int,
+    pad_id: int = 0,
+    old_logprobs: Sequence[Sequence[float]] | None = None,
+    ref_logprobs: Sequence[Sequence[float]] | None = None,
+    old_values: Sequence[Sequence[float]] | None = None,
+    returns: Sequence[Sequence[float]] | None = None,
+) -> MicroBatch:
+    """Pads per-row lists (as stored in the experience store) into a static ``[batch_size, max_len]`` batch.
+
+    Per row: ``prompt_ids`` and ``response_ids`` are token lists; ``behaviour_logprobs`` (and the
+    optional ``old_logprobs``/``ref_logprobs``/``old_values``/``returns``) have one value per response
+    token; ``advantages`` is one float per row (GRPO) or one per response token (PPO/GAE).
+    ``normalizers`` must describe the whole iteration of this agent (see IterationNormalizers) and
+    ``aggregation`` names the loss aggregation, so that weights are those of the full-batch loss.
+    Fewer rows than ``batch_size`` is allowed: the rest is zero-weight padding.
+    """
+    num_rows = len(prompt_ids)
+    columns = dict(
+        response_ids=response_ids,
+        behaviour_logprobs=behaviour_logprobs,
+        advantages=advantages,
+        old_logprobs=old_logprobs,
+        ref_logprobs=ref_logprobs,
+        old_values=old_values,
+        returns=returns,
+    )
+    for name, column in columns.items():
+        if column is not None and len(column) != num_rows:
+            raise ValueError(f"{name} has {len(column)} rows but prompt_ids has {num_rows}")
+    if num_rows == 0 or num_rows > batch_size:
+        raise ValueError(f"a micro-batch needs 1..{batch_size} rows (batch_size), got {num_rows}")
+
+    shape = (batch_size, max_len)
+    out = {name: np.zeros(shape, np.int32) for name in _INT_FIELDS}
+    out.update({name: np.zeros(shape, np.bool_) for name in _BOOL_FIELDS})
+    out.update({name: np.zeros(shape, np.float32) for name in _FLOAT_FIELDS})
+    out["tokens"][:] = pad_id
+    out["targets"][:] = pad_id
+
+    for row in range(num_rows):
+        prompt, response = list(prompt_ids[row]), list(response_ids[row])
+        n_prompt, n_response = len(prompt), len(response)
+        if n_prompt == 0 or n_response == 0:
+            raise ValueError(f"row {row}: prompt and response must be non-empty "
+                             f"(got {n_prompt} prompt and {n_response} response tokens)")
+        sequence = prompt + response
+        n_inputs = len(sequence) - 1  # the last token is only a target
+        if n_inputs > max_len:
+            raise ValueError(f"row {row}: prompt+response has {len(sequence)} tokens; "
+                             f"max_len={max_len} allows at most {max_len + 1}")
+        out["tokens"][row, :n_inputs] = sequence[:-1]
+        out["targets"][row, :n_inputs] = sequence[1:]
+        out["positions"][row, :n_inputs] = np.arange(n_inputs)
+        out["attention_mask"][row, :n_inputs] = True
+        # Response token j is the target at input position n_prompt - 1 + j.
+        response_slots = slice(n_prompt - 1, n_prompt - 1 + n_response)
+        out["loss_mask"][row, response_slots] = True
+
+        def per_token(name: str, values, row=row, n_response=n_response, response_slots=response_slots):
+            values = np.asarray(values, np.float32)
+            if values.shape != (n_response,):
+                raise ValueError(f"row {row}: {name} has shape {values.shape}, "
+                                 f"expected one value per response token ({n_response},)")
+            out[name][row, response_slots] = values
+
+        per_token("behaviour_logprobs", behaviour_logprobs[row])
+        advantage = np.asarray(advantages[row], np.float32)
+        if advantage.ndim == 0:
+            advantage = np.full((n_response,), advantage, np.float32)
+        per_token("advantages", advantage)
+        per_token("old_logprobs", (behaviour_logprobs if old_logprobs is None else old_logprobs)[row])
+        for name in ("ref_logprobs", "old_values", "returns"):
+            if columns[name] is not None:
+                per_token(name, columns[name][row])
+
+    out["token_weights"] = token_weights_for(aggregation, out["loss_mask"], normalizers)
+    return MicroBatch(**out, agent=agent)
+
+
+def stack_rows(batch: MicroBatch, rows: slice) -> MicroBatch:
+    """Rows ``rows`` of ``batch`` as a smaller MicroBatch (for splitting a full batch in tests/benches)."""
+    return MicroBatch(**{name: getattr(batch, name)[rows] for name in ARRAY_FIELDS}, agent=batch.agent)
