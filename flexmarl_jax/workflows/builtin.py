@@ -1,0 +1,343 @@
+"""Built-in workflows and the `build_workflow(name, **kwargs)` registry.
+
+chain    solver -> verifier -> corrector (the corrector runs only when the verifier rejects)
+debate   N agents, R rounds (round r sees every agent's round r-1 answer); majority vote or a judge
+mixture  k proposers -> aggregator
+dag      any DAG from plain dicts (for configs)
+"""
+
+from __future__ import annotations
+
+import collections
+import inspect
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
+
+from flexmarl_jax.workflows import rewards as shaping
+from flexmarl_jax.workflows.graph import (
+    Edge,
+    Node,
+    NodeOutput,
+    RewardWeights,
+    ShapingTerm,
+    Workflow,
+    WorkflowError,
+    first_answer_of,
+)
+
+WORKFLOW_BUILDERS: dict[str, Callable[..., Workflow]] = {}
+
+
+def register_workflow(name: str) -> Callable[[Callable[..., Workflow]], Callable[..., Workflow]]:
+    def decorator(builder: Callable[..., Workflow]) -> Callable[..., Workflow]:
+        WORKFLOW_BUILDERS[name] = builder
+        return builder
+
+    return decorator
+
+
+def build_workflow(name: str, **kwargs: Any) -> Workflow:
+    """A workflow by registry name; unknown names or options raise naming what is allowed."""
+    if name not in WORKFLOW_BUILDERS:
+        raise ValueError(f"unknown workflow {name!r}; allowed: {sorted(WORKFLOW_BUILDERS)}")
+    builder = WORKFLOW_BUILDERS[name]
+    allowed = set(inspect.signature(builder).parameters)
+    unknown = sorted(set(kwargs) - allowed)
+    if unknown:
+        raise ValueError(f"workflow {name!r} got unknown options {unknown}; allowed: {sorted(allowed)}")
+    return builder(**kwargs)
+
+
+def _templates(
+    defaults: Mapping[str, str], overrides: Mapping[str, str] | None, workflow: str
+) -> dict[str, str]:
+    overrides = dict(overrides or {})
+    unknown = sorted(set(overrides) - set(defaults))
+    if unknown:
+        raise WorkflowError(
+            f"workflow {workflow!r}: unknown template keys {unknown}; allowed: {sorted(defaults)}"
+        )
+    return {**defaults, **overrides}
+
+
+def _weights(
+    team_weight: float, defaults: Mapping[str, float], overrides: Mapping[str, float] | None, workflow: str
+) -> RewardWeights:
+    overrides = dict(overrides or {})
+    unknown = sorted(set(overrides) - set(defaults))
+    if unknown:
+        raise WorkflowError(
+            f"workflow {workflow!r}: unknown shaping weights {unknown}; allowed: {sorted(defaults)}"
+        )
+    return RewardWeights(
+        team=float(team_weight), shaping={**defaults, **{k: float(v) for k, v in overrides.items()}}
+    )
+
+
+CHAIN_TEMPLATES = {
+    "solver": "{prompt}",
+    "verifier": "{prompt}{solver}?",
+    "corrector": "{prompt}{solver} {verifier}:",
+}
+CHAIN_SHAPING = {"solver_correct": 0.0, "verifier_judgement": 0.5, "corrector_fix": 0.5}
+
+
+@register_workflow("chain")
+def chain(
+    agents: Sequence[str] = ("solver", "verifier", "corrector"),
+    templates: Mapping[str, str] | None = None,
+    corrector_runs: str = "rejected",
+    team_weight: float = 1.0,
+    shaping_weights: Mapping[str, float] | None = None,
+    max_field_chars: int | None = 8,
+) -> Workflow:
+    """solver -> verifier ("Y"/"N") -> corrector. Final answer: the corrector's if it ran, else the solver's.
+
+    Args:
+      agents: agent names for the (solver, verifier, corrector) roles; nodes are named by role.
+      templates: overrides of CHAIN_TEMPLATES (keys solver/verifier/corrector).
+      corrector_runs: a condition on the verdict ("rejected" by default, "always" for an unconditional chain).
+      shaping_weights: overrides of CHAIN_SHAPING: solver_correct (solver's own answer right),
+        verifier_judgement (verdict matches the truth of the solver's answer), corrector_fix (wrong -> right).
+    """
+    if len(agents) != 3:
+        raise WorkflowError(f"chain needs 3 agents (solver, verifier, corrector), got {list(agents)}")
+    texts = _templates(CHAIN_TEMPLATES, templates, "chain")
+    solver, verifier, corrector = agents
+    return Workflow(
+        "chain",
+        nodes=[
+            Node("solver", solver, texts["solver"]),
+            Node("verifier", verifier, texts["verifier"], parser="verdict"),
+            Node("corrector", corrector, texts["corrector"]),
+        ],
+        edges=[
+            Edge("solver", "verifier"),
+            Edge("solver", "corrector"),
+            Edge("verifier", "corrector", when=corrector_runs),
+        ],
+        answer=first_answer_of(["corrector", "solver"]),
+        shaping_terms=[
+            ShapingTerm(
+                "solver_correct", ("solver",), shaping.own_answer_correct, "solver's answer is right"
+            ),
+            ShapingTerm(
+                "verifier_judgement",
+                ("verifier",),
+                shaping.judgement_correct("solver"),
+                "verdict matches whether the solver was right",
+            ),
+            ShapingTerm(
+                "corrector_fix",
+                ("corrector",),
+                shaping.successful_fix("solver"),
+                "corrector turned a wrong solver answer into a right one",
+            ),
+        ],
+        reward_weights=_weights(team_weight, CHAIN_SHAPING, shaping_weights, "chain"),
+        max_field_chars=max_field_chars,
+    )
+
+
+def majority_answer(nodes: Sequence[str]) -> Callable[[Mapping[str, NodeOutput]], str | None]:
+    """Most common parsed answer among `nodes`; ties go to the answer given first in `nodes` order."""
+
+    def answer(outputs: Mapping[str, NodeOutput]) -> str | None:
+        answers = [outputs[n].answer for n in nodes if n in outputs and outputs[n].answer is not None]
+        if not answers:
+            return None
+        counts = collections.Counter(answers)
+        best = max(counts.values())
+        return next(a for a in answers if counts[a] == best)
+
+    return answer
+
+
+DEBATE_TEMPLATES = {"first": "{prompt}", "later": "{prompt}{inputs}>", "judge": "{prompt}{inputs}?"}
+DEBATE_SHAPING = {"debater_correct": 0.5}
+
+
+@register_workflow("debate")
+def debate(
+    agents: Sequence[str] = ("debater0", "debater1", "debater2"),
+    rounds: int = 2,
+    aggregate: str = "majority",
+    judge: str = "judge",
+    templates: Mapping[str, str] | None = None,
+    team_weight: float = 1.0,
+    shaping_weights: Mapping[str, float] | None = None,
+    max_field_chars: int | None = 8,
+) -> Workflow:
+    """N debaters for R rounds; round r > 0 sees all round r-1 answers ({inputs}, in agent order).
+
+    Args:
+      agents: debater agent names (repeat a name to share one policy among debaters).
+      aggregate: "majority" (vote over last-round answers, ties to the first agent) or "judge" (a judge agent
+        sees the last-round answers and answers).
+      templates: overrides of DEBATE_TEMPLATES (first round, later rounds, judge).
+      shaping_weights: debater_correct (a debater's own answer in that round is right).
+    """
+    if len(agents) < 2:
+        raise WorkflowError(f"debate needs >= 2 agents, got {list(agents)}")
+    if rounds < 1:
+        raise WorkflowError(f"debate rounds={rounds} must be >= 1")
+    if aggregate not in ("majority", "judge"):
+        raise WorkflowError(f"debate aggregate={aggregate!r}; allowed: ['judge', 'majority']")
+    texts = _templates(DEBATE_TEMPLATES, templates, "debate")
+    shared = len(set(agents)) < len(agents)
+
+    def name(index: int, round_index: int) -> str:
+        return f"{agents[index]}_{index}_r{round_index}" if shared else f"{agents[index]}_r{round_index}"
+
+    nodes, edges = [], []
+    for round_index in range(rounds):
+        for index, agent in enumerate(agents):
+            # Distinct agents: turn = round. Shared policies need distinct turns per debater slot.
+            turn = round_index * len(agents) + index if shared else round_index
+            nodes.append(
+                Node(
+                    name(index, round_index),
+                    agent,
+                    texts["first" if round_index == 0 else "later"],
+                    turn=turn,
+                )
+            )
+            if round_index:
+                edges.extend(
+                    Edge(name(peer, round_index - 1), name(index, round_index)) for peer in range(len(agents))
+                )
+    last_round = [name(index, rounds - 1) for index in range(len(agents))]
+    if aggregate == "judge":
+        nodes.append(Node("judge", judge, texts["judge"], turn=rounds * (len(agents) if shared else 1)))
+        edges.extend(Edge(node, "judge") for node in last_round)
+        answer = first_answer_of(["judge"])
+    else:
+        answer = majority_answer(last_round)
+    debater_nodes = tuple(n.name for n in nodes if n.name != "judge")
+    return Workflow(
+        "debate",
+        nodes,
+        edges,
+        answer,
+        shaping_terms=[
+            ShapingTerm(
+                "debater_correct",
+                debater_nodes,
+                shaping.own_answer_correct,
+                "the debater's own answer in that round is right",
+            )
+        ],
+        reward_weights=_weights(team_weight, DEBATE_SHAPING, shaping_weights, "debate"),
+        max_field_chars=max_field_chars,
+    )
+
+
+MIXTURE_TEMPLATES = {"proposer": "{prompt}", "aggregator": "{prompt}{inputs}>"}
+MIXTURE_SHAPING = {"proposal_correct": 0.5}
+
+
+@register_workflow("mixture")
+def mixture(
+    proposers: Sequence[str] = ("proposer0", "proposer1", "proposer2"),
+    aggregator: str = "aggregator",
+    templates: Mapping[str, str] | None = None,
+    team_weight: float = 1.0,
+    shaping_weights: Mapping[str, float] | None = None,
+    max_field_chars: int | None = 8,
+) -> Workflow:
+    """k proposers answer independently; the aggregator sees their answers ({inputs}) and gives the final one.
+
+    Args:
+      proposers: proposer agent names (repeat a name to share one policy).
+      shaping_weights: proposal_correct (a proposer's own answer is right).
+    """
+    if not proposers:
+        raise WorkflowError("mixture needs >= 1 proposer")
+    texts = _templates(MIXTURE_TEMPLATES, templates, "mixture")
+    shared = len(set(proposers)) < len(proposers)
+    names = [f"{agent}_{index}" if shared else agent for index, agent in enumerate(proposers)]
+    if "aggregator" in names:
+        raise WorkflowError("a proposer may not be named 'aggregator' (the aggregator node's name)")
+    nodes = [
+        Node(node, agent, texts["proposer"], turn=index if shared else 0)
+        for index, (node, agent) in enumerate(zip(names, proposers, strict=True))
+    ]
+    nodes.append(Node("aggregator", aggregator, texts["aggregator"], turn=len(proposers) if shared else 1))
+    return Workflow(
+        "mixture",
+        nodes,
+        [Edge(node, "aggregator") for node in names],
+        first_answer_of(["aggregator"]),
+        shaping_terms=[
+            ShapingTerm(
+                "proposal_correct",
+                tuple(names),
+                shaping.own_answer_correct,
+                "the proposer's own answer is right",
+            )
+        ],
+        reward_weights=_weights(team_weight, MIXTURE_SHAPING, shaping_weights, "mixture"),
+        max_field_chars=max_field_chars,
+    )
+
+
+@register_workflow("dag")
+def dag(
+    nodes: Sequence[Mapping[str, Any]],
+    edges: Sequence[Mapping[str, Any] | Sequence[str]] = (),
+    answer_from: Sequence[str] | None = None,
+    team_weight: float = 1.0,
+    own_answer_weight: float = 0.0,
+    max_field_chars: int | None = 16,
+) -> Workflow:
+    """A custom DAG from plain data (e.g. a config).
+
+    Args:
+      nodes: dicts with "agent" and optional "name" (default: the agent), "template", "parser", "turn".
+      edges: dicts {"src", "dst", "when"?} or (src, dst) pairs naming nodes (= agents when names are omitted).
+      answer_from: final answer = the first of these nodes that ran (default: the last node in order).
+      own_answer_weight: weight of the "own_answer_correct" shaping term (every node).
+    """
+    built_nodes = []
+    for spec in nodes:
+        extra = sorted(set(spec) - {"name", "agent", "template", "parser", "turn"})
+        if "agent" not in spec or extra:
+            raise WorkflowError(
+                f"dag node {dict(spec)} needs 'agent' and only name/template/parser/turn; "
+                f"unknown keys: {extra}"
+            )
+        built_nodes.append(
+            Node(
+                spec.get("name", spec["agent"]),
+                spec["agent"],
+                spec.get("template", "{prompt}"),
+                spec.get("parser", "answer"),
+                spec.get("turn"),
+            )
+        )
+    built_edges = []
+    for spec in edges:
+        if isinstance(spec, Mapping):
+            built_edges.append(Edge(spec["src"], spec["dst"], spec.get("when")))
+        else:
+            src, dst = spec
+            built_edges.append(Edge(src, dst))
+    names = [node.name for node in built_nodes]
+    terms = [ShapingTerm("own_answer_correct", tuple(names), shaping.own_answer_correct)]
+    # Validate the graph first, so the default answer node below is the true last node in order.
+    probe = Workflow("dag", built_nodes, built_edges, first_answer_of(names), max_field_chars=max_field_chars)
+    answer_nodes = list(answer_from) if answer_from else [probe.order[-1]]
+    unknown = [n for n in answer_nodes if n not in probe.nodes]
+    if unknown:
+        raise WorkflowError(
+            f"dag answer_from names unknown nodes {unknown}; known nodes: {sorted(probe.nodes)}"
+        )
+    return Workflow(
+        "dag",
+        built_nodes,
+        built_edges,
+        first_answer_of(answer_nodes),
+        shaping_terms=terms,
+        reward_weights=RewardWeights(team_weight, {"own_answer_correct": own_answer_weight}),
+        max_field_chars=max_field_chars,
+    )

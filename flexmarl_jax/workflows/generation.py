@@ -1,0 +1,59 @@
+"""The one generation interface every workflow talks to.
+
+Pure Python on purpose: the workflow executor must not know whether text comes from the rollout engine
+(a JAX model behind continuous batching) or from scripted policies in tests and benchmarks.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import dataclasses
+from typing import Protocol, runtime_checkable
+
+FINISH_REASONS = ("stop", "length", "aborted")
+
+
+@dataclasses.dataclass(frozen=True)
+class SamplingParams:
+    """How one agent samples; `stop` strings end a completion early (finish_reason "stop")."""
+
+    temperature: float = 1.0
+    top_k: int = 0
+    top_p: float = 1.0
+    max_new_tokens: int = 32
+    seed: int | None = None
+    stop: tuple[str, ...] = ()
+
+
+@dataclasses.dataclass(frozen=True)
+class GenerationRequest:
+    """`num_samples` independent completions of one prompt for one agent's policy."""
+
+    request_id: str
+    agent: str
+    prompt: str
+    num_samples: int
+    sampling: SamplingParams
+
+
+@dataclasses.dataclass(frozen=True)
+class Completion:
+    """One sampled continuation.
+
+    `prompt_token_ids` [prompt_len] and `token_ids`/`logprobs` [response_len] are what the behaviour policy
+    saw and produced; `policy_version` is the version of the agent's weights that generated it.
+    """
+
+    text: str
+    prompt_token_ids: tuple[int, ...]
+    token_ids: tuple[int, ...]
+    logprobs: tuple[float, ...]
+    finish_reason: str  # "stop" | "length" | "aborted"
+    policy_version: int
+
+
+@runtime_checkable
+class GenerationBackend(Protocol):
+    """Anything that turns a request into a future of exactly `request.num_samples` completions."""
+
+    def submit(self, request: GenerationRequest) -> concurrent.futures.Future[list[Completion]]: ...
