@@ -1,0 +1,100 @@
+"""Metrics: record what happened and show it; never change behaviour.
+
+- `Timeline` (timeline.py): thread-safe busy intervals per resource, point events, gauges, counters;
+  utilization over a window; saved to / loaded from `<workdir>/timeline.json`.
+- `MetricsWriter` (writer.py): one JSON object per iteration in `<workdir>/metrics.jsonl` plus
+  TensorBoard scalars in `<workdir>/tensorboard/`; resume-safe (an iteration is never written twice).
+- `IterationProgress`, `print_summary` (progress.py): progress bar with ETA (one line per iteration when
+  not on a terminal) and the end-of-run summary table.
+- `flexmarl_jax.metrics.plots` (imported separately; it loads matplotlib): `plot_all(workdir)` writes
+  curves.png, train_stats.png, time_breakdown.png, gantt.png and load.png into `<workdir>/plots/`.
+
+Resource names are `<group>/<name>`; the group (`rollout`, `train`) pools utilization. Name rollout
+resources after the *instance* (`rollout/instance3`), and pass the agent it serves as the `agent` label:
+instances migrate between agents, the label follows the work.
+
+Usage::
+
+    from flexmarl_jax import metrics
+    from flexmarl_jax.metrics import plots
+
+    timeline = metrics.Timeline()
+    timeline.declare("rollout/instance0", "rollout/instance1", "train/slice0")  # idle ones count as 0
+    writer = metrics.MetricsWriter(workdir)                 # reads back lines from an earlier run
+    start = writer.last_iteration + 1 if writer.last_iteration is not None else 0
+    with metrics.IterationProgress(total=num_iterations, initial=start) as progress:
+        for iteration in range(start, num_iterations):
+            t0 = timeline.now()
+            # ... in rollout threads:
+            with timeline.busy("rollout/instance0", "decode", agent="solver"):
+                tokens = engine.generate(...)               # block_until_ready inside the block
+            timeline.increment(metrics.REQUESTS, "solver")
+            timeline.increment(metrics.GENERATED_TOKENS, "solver", num_tokens)
+            timeline.sample(metrics.QUEUE_LENGTH, "solver", router.queue_length("solver"))
+            timeline.sample(metrics.INSTANCES, "solver", router.num_instances("solver"))
+            timeline.record_migration("rollout/instance1", from_agent="verifier", to_agent="solver")
+            # ... in the trainer:
+            with timeline.busy("train/slice0", "train", agent="solver"):
+                trainer.accumulate(micro_batch)
+            timeline.record_policy_version("solver", version)
+            t1 = timeline.now()
+            record = {
+                "iteration": iteration, "team_accuracy": accuracy, "e2e_s": t1 - t0,
+                "rollout_s": ..., "train_s": ..., "sync_s": ..., "other_s": ...,
+                "tokens_per_s": timeline.counter_total(metrics.GENERATED_TOKENS, t0=t0, t1=t1) / (t1 - t0),
+                "utilization": timeline.utilization_report(t0, t1),  # {"rollout": .., "train": .., ...}
+                "agent": {"solver": {"reward": r, "accuracy": a, "kl": kl, "clip_frac": c, "entropy": h}},
+            }
+            writer.write(record)                           # numpy / jax scalars are fine
+            timeline.save(workdir)                          # -> workdir/timeline.json
+            progress.advance(record)
+    writer.close()
+    metrics.print_summary(writer.records)
+    plots.plot_all(workdir, timeline)                       # -> list of PNG paths
+"""
+
+from flexmarl_jax.metrics.jsonable import flatten, to_jsonable
+from flexmarl_jax.metrics.progress import IterationProgress, print_summary, summary_table
+from flexmarl_jax.metrics.timeline import (
+    GENERATED_TOKENS,
+    INSTANCES,
+    KNOWN_KINDS,
+    MIGRATION,
+    POLICY_VERSION,
+    QUEUE_LENGTH,
+    REQUESTS,
+    TIMELINE_FILENAME,
+    BusyInterval,
+    PointEvent,
+    Sample,
+    Timeline,
+    resource_group,
+    union_length,
+)
+from flexmarl_jax.metrics.writer import METRICS_FILENAME, TENSORBOARD_DIRNAME, MetricsWriter, read_metrics
+
+__all__ = [
+    "GENERATED_TOKENS",
+    "INSTANCES",
+    "KNOWN_KINDS",
+    "METRICS_FILENAME",
+    "MIGRATION",
+    "POLICY_VERSION",
+    "QUEUE_LENGTH",
+    "REQUESTS",
+    "TENSORBOARD_DIRNAME",
+    "TIMELINE_FILENAME",
+    "BusyInterval",
+    "IterationProgress",
+    "MetricsWriter",
+    "PointEvent",
+    "Sample",
+    "Timeline",
+    "flatten",
+    "print_summary",
+    "read_metrics",
+    "resource_group",
+    "summary_table",
+    "to_jsonable",
+    "union_length",
+]

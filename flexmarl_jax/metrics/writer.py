@@ -1,0 +1,129 @@
+"""Per-iteration metrics to `<workdir>/metrics.jsonl` and TensorBoard event files in `<workdir>/tensorboard/`.
+
+One JSON object per line, one line per iteration. The writer is resume-safe: on open it reads the lines
+already there, drops a torn last line (a run killed mid-write leaves one) and never writes an iteration
+twice, so a resumed run that repeats an iteration keeps the first record of it.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import threading
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+from flexmarl_jax.metrics.jsonable import numeric_items, to_jsonable
+
+logger = logging.getLogger(__name__)
+
+METRICS_FILENAME = "metrics.jsonl"
+TENSORBOARD_DIRNAME = "tensorboard"
+
+
+def read_metrics(path: str | os.PathLike[str]) -> list[dict[str, Any]]:
+    """Records of a `metrics.jsonl` (a file, or a workdir holding one); an unparseable line is skipped."""
+    path = Path(path)
+    if path.is_dir():
+        path = path / METRICS_FILENAME
+    if not path.exists():
+        return []
+    records = []
+    for number, line in enumerate(path.read_text().splitlines(), start=1):
+        if not line.strip():
+            continue
+        try:
+            records.append(json.loads(line))
+        except json.JSONDecodeError:
+            logger.warning("skipping unparseable line %d of %s", number, path)
+    return records
+
+
+class MetricsWriter:
+    """Appends one record per iteration to `metrics.jsonl` and to TensorBoard. Thread-safe.
+
+    Args:
+      workdir: run directory (created if missing).
+      tensorboard: also write TensorBoard scalars (flattened tags like `agent/solver/reward`).
+
+    Each record must hold an integer `iteration`. Nested dicts are kept nested in the JSONL and flattened
+    to `/`-joined tags in TensorBoard; numpy / JAX scalars and arrays are converted; NaN/inf become null.
+    """
+
+    def __init__(self, workdir: str | os.PathLike[str], *, tensorboard: bool = True):
+        self.workdir = Path(workdir)
+        self.workdir.mkdir(parents=True, exist_ok=True)
+        self.path = self.workdir / METRICS_FILENAME
+        self._lock = threading.Lock()
+        self._repair_torn_tail()
+        self.records: list[dict[str, Any]] = read_metrics(self.path)
+        self._iterations = {record.get("iteration") for record in self.records}
+        self._tensorboard = None
+        if tensorboard:
+            from tensorboardX import SummaryWriter  # lazy: importing it costs ~0.5 s
+
+            self._tensorboard = SummaryWriter(logdir=str(self.workdir / TENSORBOARD_DIRNAME), flush_secs=10)
+
+    @property
+    def last_iteration(self) -> int | None:
+        """The highest iteration already written (from this run or an earlier one), or None."""
+        iterations = [iteration for iteration in self._iterations if isinstance(iteration, int)]
+        return max(iterations, default=None)
+
+    def has_iteration(self, iteration: int) -> bool:
+        return iteration in self._iterations
+
+    def write(self, record: Mapping[str, Any]) -> bool:
+        """Append `record` (must hold an int `iteration`); False if that iteration was already written."""
+        plain = to_jsonable(record)
+        iteration = plain.get("iteration")
+        if isinstance(iteration, bool) or not isinstance(iteration, int):
+            raise ValueError(
+                f"metrics record needs an integer 'iteration', got {record.get('iteration')!r}; "
+                f"keys given: {sorted(plain)}"
+            )
+        line = json.dumps(plain, separators=(",", ":"), allow_nan=False) + "\n"
+        with self._lock:
+            if iteration in self._iterations:
+                logger.info(
+                    "metrics for iteration %d already in %s; not writing it again", iteration, self.path
+                )
+                return False
+            with open(self.path, "a", encoding="utf-8") as file:
+                file.write(line)
+                file.flush()
+                os.fsync(file.fileno())
+            self._iterations.add(iteration)
+            self.records.append(plain)
+            if self._tensorboard is not None:
+                for tag, value in numeric_items(plain).items():
+                    if tag != "iteration":
+                        self._tensorboard.add_scalar(tag, value, global_step=iteration)
+                self._tensorboard.flush()
+        return True
+
+    def close(self) -> None:
+        with self._lock:
+            if self._tensorboard is not None:
+                self._tensorboard.close()
+                self._tensorboard = None
+
+    def __enter__(self) -> MetricsWriter:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.close()
+
+    def _repair_torn_tail(self) -> None:
+        """Cut a last line without its newline: appending after it would glue two records together."""
+        if not self.path.exists():
+            return
+        data = self.path.read_bytes()
+        if not data or data.endswith(b"\n"):
+            return
+        keep = data.rfind(b"\n") + 1
+        logger.warning("dropping a torn last line (%d bytes) from %s", len(data) - keep, self.path)
+        with open(self.path, "r+b") as file:
+            file.truncate(keep)
