@@ -1,0 +1,61 @@
+"""The decoder-only LM (Qwen2 / Llama / Qwen3 layout) as an NNX module."""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+from flax import nnx
+
+from flexmarl_jax.mesh.rules import with_logical_constraint
+from flexmarl_jax.models.config import ModelConfig
+from flexmarl_jax.models.layers import MLP, Attention, Embed, RMSNorm
+
+
+class DecoderLayer(nnx.Module):
+    """Pre-norm block: x + attn(norm(x)); then x + mlp(norm(x))."""
+
+    def __init__(self, config: ModelConfig, *, dtype, rngs: nnx.Rngs):
+        self.input_norm = RMSNorm(config.hidden_size, config.rms_norm_eps, dtype=dtype)
+        self.attn = Attention(config, dtype=dtype, rngs=rngs)
+        self.post_attention_norm = RMSNorm(config.hidden_size, config.rms_norm_eps, dtype=dtype)
+        self.mlp = MLP(config.hidden_size, config.intermediate_size, dtype=dtype, rngs=rngs)
+
+    def __call__(self, x, positions, mask, cache=None, layer_index: int = 0, decode: bool = False):
+        attn_out, cache = self.attn(self.input_norm(x), positions, mask, cache, layer_index, decode)
+        x = x + attn_out
+        x = x + self.mlp(self.post_attention_norm(x))
+        return with_logical_constraint(x, ("batch", "length", "act_embed")), cache
+
+
+class DecoderLM(nnx.Module):
+    """Token ids -> next-token logits. `config` is kept as a static attribute (it is hashable)."""
+
+    def __init__(self, config: ModelConfig, *, rngs: nnx.Rngs, dtype=jnp.float32):
+        self.config = config
+        self.embed = Embed(config.vocab_size, config.hidden_size, dtype=dtype, rngs=rngs)
+        self.layers = nnx.List(
+            [DecoderLayer(config, dtype=dtype, rngs=rngs) for _ in range(config.num_layers)]
+        )
+        self.final_norm = RMSNorm(config.hidden_size, config.rms_norm_eps, dtype=dtype)
+        if not config.tie_word_embeddings:
+            self.lm_head = nnx.Param(
+                (0.02 * jax.random.normal(rngs.params(), (config.hidden_size, config.vocab_size))).astype(
+                    dtype
+                ),
+                logical_axes=("embed", "vocab"),
+            )
+
+    def __call__(self, tokens, positions, mask, cache=None, decode: bool = False):
+        """tokens/positions [B, T]; mask [B, T, S] bool (query t may see key s).
+
+        Returns (logits [B, T, V] float32, cache).
+        """
+        x = with_logical_constraint(self.embed(tokens), ("batch", "length", "act_embed"))
+        for index, layer in enumerate(self.layers):
+            x, cache = layer(x, positions, mask, cache, index, decode)
+        x = self.final_norm(x)
+        if self.config.tie_word_embeddings:
+            logits = self.embed.attend(x)
+        else:
+            logits = jnp.einsum("bte,ev->btv", x, self.lm_head[...], preferred_element_type=jnp.float32)
+        return with_logical_constraint(logits, ("batch", "length", "act_vocab")), cache
