@@ -1,0 +1,360 @@
+"""`FlexEngine`: our decoder LM behind JetStream's `Engine` API.
+
+Slot design. The decode state holds `max_concurrent_decodes` rows ("slots"). Each slot
+carries its KV cache row, the logits for its *next* token, the position that token
+will occupy, how many tokens it has generated, its sampling settings and its own PRNG
+key. `prefill` runs the prompt once and keeps the last prompt position's logits;
+`insert` copies that prefix into one or more slots (the n samples of one prompt share
+one prefill); `generate` samples one token per slot from the stored logits, records
+its behaviour log-prob, and runs one decode step so the slot holds the logits for the
+token after it. So the first `generate` after `insert` emits the first new token,
+exactly as JetStream's Driver expects.
+
+Compiles stay bounded: prefill and insert compile once per prompt-length bucket,
+generate compiles once. Sampling settings, seeds and slot indices are traced values.
+Per-slot randomness is `fold_in(key(seed, sample_index), tokens_generated)`, so a
+sequence's tokens do not depend on which slot it landed in or who else is decoding.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import struct
+from jax.sharding import Mesh, NamedSharding, PartitionSpec
+
+from flexmarl_jax.models import functional
+from flexmarl_jax.models.config import ModelConfig
+from flexmarl_jax.rollout.jetstream_compat import engine_api, tokenizer_api, tokenizer_pb2
+from flexmarl_jax.rollout.results import LogProbResultTokens
+from flexmarl_jax.rollout.sampling import sample_tokens
+from flexmarl_jax.rollout.settings import EngineConfig, validate_sampling
+
+
+@dataclasses.dataclass(frozen=True)
+class SlotSampling:
+    """Sampling settings of one request (all of its samples); see rollout/sampling.py."""
+
+    temperature: float = 0.0
+    top_k: int = 0
+    top_p: float = 1.0
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        validate_sampling(temperature=self.temperature, top_k=self.top_k, top_p=self.top_p, max_new_tokens=1)
+
+
+GREEDY = SlotSampling()
+
+
+@struct.dataclass
+class Prefix:
+    """Result of one prefill: the prompt's KV cache and the logits of its next token.
+
+    cache: dict(k=[layers, 1, bucket, kv_heads, head_dim], v=same).
+    next_logits: [vocab] f32. true_length: [] i32 (prompt tokens, BOS included).
+    temperature/top_p: [] f32, top_k/seed: [] i32.
+    """
+
+    cache: dict
+    next_logits: jax.Array
+    true_length: jax.Array
+    temperature: jax.Array
+    top_k: jax.Array
+    top_p: jax.Array
+    seed: jax.Array
+
+
+@struct.dataclass
+class DecodeState:
+    """Everything `generate` transforms; leading axis = slots.
+
+    cache: dict(k=[layers, slots, cache_length, kv_heads, head_dim], v=same).
+    next_logits: [slots, vocab] f32. positions, generated, top_k, seed, sample_index: [slots] i32.
+    temperature, top_p: [slots] f32.
+    """
+
+    cache: dict
+    next_logits: jax.Array
+    positions: jax.Array
+    generated: jax.Array
+    temperature: jax.Array
+    top_k: jax.Array
+    top_p: jax.Array
+    seed: jax.Array
+    sample_index: jax.Array
+
+
+class FlexTokenizer(tokenizer_api.Tokenizer):
+    """Adapts our `Tokenizer` (models/tokenizer.py) to JetStream's tokenizer API for its Driver."""
+
+    def __init__(self, tokenizer: Any, engine_config: EngineConfig):
+        self._tokenizer = tokenizer
+        self._engine_config = engine_config
+
+    def encode(self, s: str, **kwargs):
+        """Returns (padded tokens [bucket] np.int32, true_length); JetStream's pad kwargs are honoured."""
+        ids = self._tokenizer.encode(s, add_bos=kwargs.get("is_bos", True))
+        return pad_prompt(ids, self._engine_config, self.pad_id)
+
+    def decode(self, token_ids: list[int], **kwargs) -> str:
+        return self._tokenizer.decode(token_ids)
+
+    @property
+    def pad_id(self) -> int:
+        return self._tokenizer.pad_id
+
+    @property
+    def eos_id(self) -> int:
+        return self._tokenizer.eos_id
+
+    @property
+    def bos_id(self) -> int:
+        return self._tokenizer.bos_id
+
+    @property
+    def stop_tokens(self) -> set[int]:
+        return {self.eos_id}
+
+
+def pad_prompt(ids, engine_config: EngineConfig, pad_id: int) -> tuple[np.ndarray, int]:
+    """Right-pads prompt token ids to their bucket: returns ([bucket] int32, true_length).
+
+    Raises ValueError for an empty prompt, and for one longer than max_prefill_length unless
+    the config asks to truncate (then the last max_prefill_length tokens are kept).
+    """
+    ids = [int(t) for t in ids]
+    if len(ids) > engine_config.max_prefill_length and engine_config.truncate_long_prompts:
+        ids = ids[-engine_config.max_prefill_length :]
+    bucket = engine_config.bucket_for(len(ids))
+    padded = np.full((bucket,), pad_id, dtype=np.int32)
+    padded[: len(ids)] = ids
+    return padded, len(ids)
+
+
+class FlexEngine(engine_api.Engine):
+    """Our model behind JetStream's Engine API (see the module docstring for the slot design).
+
+    Args:
+      model_config: shapes of the model.
+      graphdef: the NNX graph definition from `functional.init_params` (static under jit).
+      engine_config: slots, prompt buckets and cache length.
+      tokenizer: our Tokenizer (models/tokenizer.py); drives stop tokens and the Driver's tokenizer.
+      mesh: the engine's (sub-)mesh; the decode state lives replicated on it. Defaults to device 0.
+      params: what `load_params()` returns (optional).
+      default_sampling: used when `prefill` is called without `sampling` (JetStream's Driver does).
+    """
+
+    def __init__(
+        self,
+        model_config: ModelConfig,
+        graphdef: Any,
+        engine_config: EngineConfig,
+        tokenizer: Any,
+        *,
+        mesh: Mesh | None = None,
+        params: Any = None,
+        default_sampling: SlotSampling = GREEDY,
+    ):
+        self.model_config = model_config
+        self.graphdef = graphdef
+        self.config = engine_config
+        self.tokenizer = tokenizer
+        self._mesh = mesh if mesh is not None else Mesh(np.array(jax.devices()[:1]).reshape(1, 1), ("fsdp", "tp"))
+        self._params = params
+        self.default_sampling = default_sampling
+        self._replicated = NamedSharding(self._mesh, PartitionSpec())
+        self._prefill_jit = jax.jit(self._prefill_impl, static_argnames=())
+        # Donating the decode state lets XLA update the KV cache in place.
+        self._insert_jit = jax.jit(self._insert_impl, donate_argnums=(1,))
+        self._generate_jit = jax.jit(self._generate_impl, donate_argnums=(1,))
+        self._init_state_jit = jax.jit(self._init_state_impl, out_shardings=self._replicated)
+
+    # ----------------------------------------------------------------- Engine API
+    def load_params(self, *args, **kwargs) -> Any:
+        if self._params is None:
+            raise ValueError("FlexEngine was built without params; pass params= or use your own loader")
+        return self._params
+
+    def prefill(
+        self,
+        *,
+        params: Any,
+        existing_prefix: Prefix | None = None,
+        padded_tokens: jax.Array | np.ndarray,
+        true_length: int,
+        sampling: SlotSampling | None = None,
+    ) -> Prefix:
+        """Runs the prompt [bucket] (right-padded, `true_length` real tokens) through the model.
+
+        `sampling` (our extension) fixes how the samples of this prompt will be drawn;
+        without it the engine's `default_sampling` applies.
+        """
+        if existing_prefix is not None:
+            raise NotImplementedError("FlexEngine does not continue from an existing prefix")
+        padded_tokens = np.asarray(padded_tokens, dtype=np.int32)
+        if padded_tokens.ndim != 1 or padded_tokens.shape[0] not in self.config.prefill_buckets:
+            raise ValueError(
+                f"padded_tokens shape {padded_tokens.shape} must be [bucket] with bucket in "
+                f"{self.config.prefill_buckets}"
+            )
+        if not 1 <= int(true_length) <= padded_tokens.shape[0]:
+            raise ValueError(f"true_length={true_length} must be in [1, {padded_tokens.shape[0]}]")
+        sampling = sampling or self.default_sampling
+        settings = (
+            np.float32(sampling.temperature),
+            np.int32(sampling.top_k),
+            np.float32(sampling.top_p),
+            np.int32(sampling.seed % (2**31)),
+        )
+        return self._prefill_jit(params, padded_tokens, np.int32(true_length), *settings)
+
+    def insert(self, prefix: Prefix, decode_state: DecodeState, slot: int, *, sample_index: int = 0) -> DecodeState:
+        """Puts `prefix` into `slot` (JetStream API); `sample_index` picks the sample's random stream."""
+        return self.insert_many(prefix, decode_state, [slot], [sample_index])
+
+    def insert_many(self, prefix: Prefix, decode_state: DecodeState, slots, sample_indices) -> DecodeState:
+        """Puts one prefix into several slots at once (parallel sampling shares one prefill).
+
+        slots / sample_indices: equal-length int sequences; slot ids in [0, max_concurrent_decodes).
+        """
+        slots = [int(s) for s in slots]
+        if len(slots) != len(sample_indices) or not slots:
+            raise ValueError(f"need matching non-empty slots {slots} and sample_indices {list(sample_indices)}")
+        if len(set(slots)) != len(slots) or not all(0 <= s < self.max_concurrent_decodes for s in slots):
+            raise ValueError(f"slots {slots} must be distinct and in [0, {self.max_concurrent_decodes})")
+        # Fixed-size index vectors (unused entries point past the end and are dropped) keep
+        # one compiled insert per bucket whatever the number of samples.
+        slot_vector = np.full((self.max_concurrent_decodes,), self.max_concurrent_decodes, dtype=np.int32)
+        index_vector = np.zeros((self.max_concurrent_decodes,), dtype=np.int32)
+        slot_vector[: len(slots)] = slots
+        index_vector[: len(slots)] = [int(i) for i in sample_indices]
+        return self._insert_jit(prefix, decode_state, slot_vector, index_vector)
+
+    def generate(self, params: Any, decode_state: DecodeState) -> tuple[DecodeState, LogProbResultTokens]:
+        """One token for every slot (inactive slots compute garbage that callers ignore)."""
+        return self._generate_jit(params, decode_state)
+
+    def init_decode_state(self, *args, **kwargs) -> DecodeState:
+        return self._init_state_jit()
+
+    def get_prefix_destination_sharding(self) -> Any:
+        return self._replicated
+
+    def get_tokenizer(self) -> tokenizer_pb2.TokenizerParameters:
+        return tokenizer_pb2.TokenizerParameters(path=f"flexmarl:{type(self.tokenizer).__name__}", extra_ids=0)
+
+    def build_tokenizer(self, metadata: tokenizer_pb2.TokenizerParameters) -> FlexTokenizer:
+        return FlexTokenizer(self.tokenizer, self.config)
+
+    @property
+    def max_concurrent_decodes(self) -> int:
+        return self.config.max_concurrent_decodes
+
+    @property
+    def samples_per_slot(self) -> int:
+        return 1
+
+    @property
+    def max_prefill_length(self) -> int:
+        return self.config.max_prefill_length
+
+    @property
+    def mesh(self) -> Mesh:
+        return self._mesh
+
+    @property
+    def colocated_cpus(self) -> None:
+        return None
+
+    # ----------------------------------------------------------------- helpers
+    def compiled_cache_sizes(self) -> dict[str, int]:
+        """Number of compiled variants per jitted entry point (for no-recompile checks)."""
+        return {
+            "prefill": self._prefill_jit._cache_size(),
+            "insert": self._insert_jit._cache_size(),
+            "generate": self._generate_jit._cache_size(),
+        }
+
+    # ----------------------------------------------------------------- jitted bodies
+    def _init_state_impl(self) -> DecodeState:
+        slots, vocab = self.max_concurrent_decodes, self.model_config.vocab_size
+        zeros_i32 = jnp.zeros((slots,), jnp.int32)
+        return DecodeState(
+            cache=functional.init_cache(self.model_config, slots, self.config.cache_length),
+            next_logits=jnp.zeros((slots, vocab), jnp.float32),
+            positions=zeros_i32,
+            generated=zeros_i32,
+            temperature=jnp.zeros((slots,), jnp.float32),
+            top_k=zeros_i32,
+            top_p=jnp.ones((slots,), jnp.float32),
+            seed=zeros_i32,
+            sample_index=zeros_i32,
+        )
+
+    def _prefill_impl(self, params, padded_tokens, true_length, temperature, top_k, top_p, seed) -> Prefix:
+        bucket = padded_tokens.shape[0]
+        tokens = padded_tokens[None, :]
+        mask = (jnp.arange(bucket) < true_length)[None, :]
+        cache = functional.init_cache(self.model_config, 1, bucket)
+        logits, cache = functional.prefill(self.graphdef, params, tokens, mask, cache)
+        next_logits = jax.lax.dynamic_index_in_dim(logits[0], true_length - 1, axis=0, keepdims=False)
+        return Prefix(
+            cache=cache,
+            next_logits=next_logits.astype(jnp.float32),
+            true_length=true_length,
+            temperature=temperature,
+            top_k=top_k,
+            top_p=top_p,
+            seed=seed,
+        )
+
+    def _insert_impl(self, prefix: Prefix, state: DecodeState, slots, sample_indices) -> DecodeState:
+        bucket = prefix.cache["k"].shape[2]
+
+        def put_rows(full, row):  # full [L, slots, S, H, D], row [L, 1, bucket, H, D]
+            rows = jnp.broadcast_to(row, (row.shape[0], slots.shape[0]) + row.shape[2:])
+            return full.at[:, slots, :bucket].set(rows.astype(full.dtype), mode="drop")
+
+        def put(vector, value):
+            return vector.at[slots].set(jnp.broadcast_to(value, slots.shape).astype(vector.dtype), mode="drop")
+
+        return DecodeState(
+            cache={name: put_rows(state.cache[name], prefix.cache[name]) for name in state.cache},
+            next_logits=state.next_logits.at[slots].set(
+                jnp.broadcast_to(prefix.next_logits, (slots.shape[0],) + prefix.next_logits.shape), mode="drop"
+            ),
+            positions=put(state.positions, prefix.true_length),
+            generated=put(state.generated, 0),
+            temperature=put(state.temperature, prefix.temperature),
+            top_k=put(state.top_k, prefix.top_k),
+            top_p=put(state.top_p, prefix.top_p),
+            seed=put(state.seed, prefix.seed),
+            sample_index=state.sample_index.at[slots].set(sample_indices, mode="drop"),
+        )
+
+    def _generate_impl(self, params, state: DecodeState) -> tuple[DecodeState, LogProbResultTokens]:
+        keys = jax.vmap(_slot_key)(state.seed, state.sample_index, state.generated)
+        tokens, logprobs = sample_tokens(keys, state.next_logits, state.temperature, state.top_k, state.top_p)
+        # Finished-but-not-yet-refilled slots keep stepping; clamp so they never index past the cache.
+        write_positions = jnp.minimum(state.positions, self.config.cache_length - 1)
+        logits, cache = functional.decode_step(self.graphdef, params, tokens, write_positions, state.cache)
+        generated = state.generated + 1
+        new_state = state.replace(
+            cache=cache,
+            next_logits=logits.astype(jnp.float32),
+            positions=state.positions + 1,
+            generated=generated,
+        )
+        valid = state.positions < self.config.cache_length
+        return new_state, LogProbResultTokens.pack(tokens, logprobs, generated, valid)
+
+
+def _slot_key(seed, sample_index, step):
+    """The PRNG key of one slot at one step: independent of slot placement and batch mates."""
+    key = jax.random.fold_in(jax.random.key(seed.astype(jnp.uint32)), sample_index)
+    return jax.random.fold_in(key, step)

@@ -1,0 +1,52 @@
+"""The one place that imports JetStream (google-jetstream 0.2.2).
+
+Import this module only where JetStream is actually needed: importing it pulls
+in seqio and with it TensorFlow (several seconds), which is why
+`flexmarl_jax.rollout/__init__.py` and the CLI never import it eagerly.
+
+Two fixes are applied, both before/around JetStream's own imports:
+
+* JetStream 0.2.2's orchestrator calls `jax.tree_map`, which current JAX
+  removed; we supply it as an alias of `jax.tree_util.tree_map` (only when it
+  is missing, so a JAX that still has it is left alone).
+* JetStream's orchestrator sets the *root* logger to DEBUG and attaches a
+  stdout handler at import time. Libraries must not reconfigure the root
+  logger, so we put back the level and the handler list that were there
+  before the import.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+
+import jax
+
+# TensorFlow (pulled in by seqio) prints C++ banner lines at import; keep them
+# quiet unless the user asked for a level explicitly.
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+
+if not hasattr(jax, "tree_map"):
+    jax.tree_map = jax.tree_util.tree_map
+
+_root_logger = logging.getLogger()
+_root_level_before = _root_logger.level
+_root_handlers_before = list(_root_logger.handlers)
+try:
+    from jetstream.core import orchestrator  # noqa: E402  (must follow the tree_map fix)
+    from jetstream.core.proto import jetstream_pb2  # noqa: E402
+    from jetstream.engine import engine_api, token_utils, tokenizer_api, tokenizer_pb2  # noqa: E402
+finally:
+    _root_logger.setLevel(_root_level_before)
+    for _handler in list(_root_logger.handlers):
+        if _handler not in _root_handlers_before:
+            _root_logger.removeHandler(_handler)
+
+__all__ = [
+    "engine_api",
+    "jetstream_pb2",
+    "orchestrator",
+    "token_utils",
+    "tokenizer_api",
+    "tokenizer_pb2",
+]

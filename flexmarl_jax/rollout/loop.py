@@ -1,0 +1,313 @@
+"""The in-process continuous-batching rollout loop over the Engine API.
+
+Like MaxText's offline engine, it calls `prefill` / `insert` / `generate` directly
+(no JetStream Driver threads). Each `step()`:
+
+1. admits queued work into free slots: the head request is prefilled once and its
+   samples are inserted into as many free slots as there are (the prefix is kept
+   until all of its samples have a slot);
+2. dispatches one `generate` for all slots;
+3. processes the *previous* step's results (one device-to-host copy), so host
+   bookkeeping overlaps the device computing the current step. A slot whose sequence
+   finished at step k still runs in step k+1 (its output is ignored), then is refilled.
+
+A sequence finishes on a stop token (kept in the output with its log-prob, finish
+reason "stop"), on a stop string, or after `max_new_tokens` ("length"). A request
+completes when all of its samples have; its `on_done` callback then receives one
+`SequenceResult` per sample, in sample order.
+"""
+
+from __future__ import annotations
+
+import collections
+import dataclasses
+import itertools
+import logging
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import numpy as np
+
+from flexmarl_jax.rollout.engine import FlexEngine, Prefix, SlotSampling, pad_prompt
+from flexmarl_jax.rollout.settings import validate_sampling
+
+logger = logging.getLogger(__name__)
+
+
+@dataclasses.dataclass(frozen=True)
+class RolloutRequest:
+    """`num_samples` continuations of one tokenised prompt.
+
+    prompt_ids: token ids (BOS included if wanted). stop_token_ids: extra ids that end a
+    sequence besides the tokenizer's EOS. stop_strings: end once the decoded response ends
+    with one of them (needs the loop's tokenizer).
+    """
+
+    prompt_ids: tuple[int, ...]
+    num_samples: int = 1
+    sampling: SlotSampling = SlotSampling()
+    max_new_tokens: int = 16
+    stop_token_ids: tuple[int, ...] = ()
+    stop_strings: tuple[str, ...] = ()
+    on_done: Callable[[list[SequenceResult]], None] | None = None
+
+    def __post_init__(self) -> None:
+        if len(self.prompt_ids) == 0:
+            raise ValueError("prompt_ids is empty; an empty prompt cannot be generated from")
+        if isinstance(self.num_samples, bool) or not isinstance(self.num_samples, int) or self.num_samples < 1:
+            raise ValueError(f"num_samples={self.num_samples!r} must be an int >= 1")
+        validate_sampling(
+            temperature=self.sampling.temperature,
+            top_k=self.sampling.top_k,
+            top_p=self.sampling.top_p,
+            max_new_tokens=self.max_new_tokens,
+        )
+
+
+@dataclasses.dataclass(frozen=True)
+class SequenceResult:
+    """One finished sample: token ids / behaviour log-probs [response_len], why it ended, and the
+    policy version of every token of it (a sequence never spans two versions)."""
+
+    prompt_ids: tuple[int, ...]
+    token_ids: tuple[int, ...]
+    logprobs: tuple[float, ...]
+    finish_reason: str
+    policy_version: int
+    sample_index: int
+
+
+@dataclasses.dataclass(eq=False)
+class _Sequence:
+    """Mutable state of one sample while it is queued or decoding."""
+
+    work: _Work
+    sample_index: int
+    slot: int = -1
+    token_ids: list[int] = dataclasses.field(default_factory=list)
+    logprobs: list[float] = dataclasses.field(default_factory=list)
+    policy_version: int = -1
+    finish_reason: str | None = None
+
+
+@dataclasses.dataclass(eq=False)
+class _Work:
+    """A submitted request plus the samples still waiting for a slot."""
+
+    ticket: int
+    request: RolloutRequest
+    prompt_ids: tuple[int, ...]  # after truncation, if the engine config truncates
+    padded_prompt: np.ndarray
+    true_length: int
+    waiting: collections.deque  # of _Sequence not yet in a slot
+    results: dict  # sample_index -> SequenceResult
+    prefix: Prefix | None = None
+    prefix_version: int = -1
+    cancelled: bool = False
+
+
+class RolloutLoop:
+    """Continuous batching of many requests over one FlexEngine.
+
+    Not thread-safe by itself: one thread calls `submit`/`step` (EngineInstance adds the
+    locking and the thread). `params`/`policy_version` may be replaced between steps with
+    `set_params`; callers are responsible for never doing so while sequences decode
+    (EngineInstance enforces that).
+    """
+
+    def __init__(self, engine: FlexEngine, params: Any, *, policy_version: int = 0, tokenizer: Any = None,
+                 share_prefill: bool = True):
+        self.engine = engine
+        self.params = params
+        self.policy_version = policy_version
+        self.tokenizer = tokenizer if tokenizer is not None else engine.tokenizer
+        self.share_prefill = share_prefill
+        self._state = engine.init_decode_state()
+        self._slots: list[_Sequence | None] = [None] * engine.max_concurrent_decodes
+        self._queue: collections.deque[_Work] = collections.deque()
+        self._inflight: collections.deque = collections.deque()  # (result tokens, slot owners)
+        self._tickets = itertools.count()
+        self.admission_open = True
+        self.steps = 0
+        self.generated_tokens = 0
+
+    # ---------------------------------------------------------------- submission
+    def submit(self, request: RolloutRequest) -> int:
+        """Queues a request; returns its ticket. Raises ValueError for a prompt that fits no bucket."""
+        padded, true_length = pad_prompt(request.prompt_ids, self.engine.config, self.tokenizer.pad_id)
+        work = _Work(
+            ticket=next(self._tickets), request=request, prompt_ids=tuple(int(t) for t in padded[:true_length]),
+            padded_prompt=padded, true_length=true_length,
+            waiting=collections.deque(), results={},
+        )
+        work.waiting.extend(_Sequence(work=work, sample_index=i) for i in range(request.num_samples))
+        self._queue.append(work)
+        return work.ticket
+
+    # ---------------------------------------------------------------- load figures
+    @property
+    def queued_requests(self) -> int:
+        return sum(1 for w in self._queue if w.waiting)
+
+    @property
+    def queued_samples(self) -> int:
+        return sum(len(w.waiting) for w in self._queue)
+
+    @property
+    def active_slots(self) -> int:
+        return sum(1 for s in self._slots if s is not None)
+
+    @property
+    def outstanding_tokens(self) -> int:
+        """Upper bound of tokens still to generate: queued samples' budgets plus active remainders."""
+        queued = sum(len(w.waiting) * w.request.max_new_tokens for w in self._queue)
+        active = sum(s.work.request.max_new_tokens - len(s.token_ids) for s in self._slots if s is not None)
+        return queued + active
+
+    def has_work(self) -> bool:
+        return bool(self._queue) or self.active_slots > 0 or bool(self._inflight)
+
+    def is_decoding(self) -> bool:
+        return self.active_slots > 0 or bool(self._inflight)
+
+    # ---------------------------------------------------------------- stepping
+    def step(self) -> None:
+        """Admit into free slots, dispatch one generate, process the previous step's tokens."""
+        if self.admission_open:
+            self._admit()
+        if self.active_slots > 0:
+            self._state, result = self.engine.generate(self.params, self._state)
+            result.copy_to_host_async()
+            self._inflight.append((result, list(self._slots)))
+            self.steps += 1
+        # Keep one step in flight while decoding (host work overlaps device work); drain otherwise.
+        while len(self._inflight) > (1 if self.active_slots > 0 else 0):
+            self._process(*self._inflight.popleft())
+
+    def flush(self) -> None:
+        """Processes every dispatched step (no step stays in flight)."""
+        while self._inflight:
+            self._process(*self._inflight.popleft())
+
+    def run_until_idle(self, max_steps: int | None = None) -> None:
+        steps = 0
+        while self.has_work():
+            self.step()
+            steps += 1
+            if max_steps is not None and steps >= max_steps:
+                raise RuntimeError(f"rollout loop still busy after {max_steps} steps")
+
+    def generate(self, requests: Sequence[RolloutRequest]) -> list[list[SequenceResult]]:
+        """Convenience: runs `requests` to completion and returns their results in order."""
+        outputs: dict[int, list[SequenceResult]] = {}
+        for index, request in enumerate(requests):
+            def done(results, index=index, user=request.on_done):
+                outputs[index] = results
+                if user is not None:
+                    user(results)
+            self.submit(dataclasses.replace(request, on_done=done))
+        self.run_until_idle()
+        return [outputs[i] for i in range(len(requests))]
+
+    # ---------------------------------------------------------------- version control
+    def set_params(self, params: Any, policy_version: int) -> None:
+        """Swaps weights; only legal with no sequence decoding (no mixing of versions)."""
+        if self.is_decoding():
+            raise RuntimeError("set_params while sequences are decoding would mix policy versions")
+        self.params = params
+        self.policy_version = policy_version
+        for work in self._queue:  # prefixes computed under the old weights are stale
+            work.prefix = None
+
+    def abort_active(self) -> int:
+        """Drops every in-flight sequence and puts it back at the front of its request's queue.
+
+        Returns the number of sequences re-queued; they restart from the prompt.
+        """
+        self.flush()
+        requeued = 0
+        front: list[_Work] = []
+        for slot, sequence in enumerate(self._slots):
+            if sequence is None:
+                continue
+            self._slots[slot] = None
+            work = sequence.work
+            sequence.slot, sequence.token_ids, sequence.logprobs = -1, [], []
+            work.waiting.appendleft(sequence)
+            if not any(w is work for w in itertools.chain(self._queue, front)):
+                front.append(work)
+            requeued += 1
+        for work in reversed(front):
+            self._queue.appendleft(work)
+        return requeued
+
+    # ---------------------------------------------------------------- internals
+    def _admit(self) -> None:
+        free = [slot for slot, owner in enumerate(self._slots) if owner is None]
+        while free and self._queue:
+            work = self._queue[0]
+            if work.cancelled or not work.waiting:
+                self._queue.popleft()
+                continue
+            take = min(len(free), len(work.waiting)) if self.share_prefill else 1
+            slots, free = free[:take], free[take:]
+            sequences = [work.waiting.popleft() for _ in range(take)]
+            prefix = work.prefix
+            if prefix is None or work.prefix_version != self.policy_version or not self.share_prefill:
+                prefix = self.engine.prefill(
+                    params=self.params, padded_tokens=work.padded_prompt, true_length=work.true_length,
+                    sampling=work.request.sampling,
+                )
+            self._state = self.engine.insert_many(prefix, self._state, slots, [s.sample_index for s in sequences])
+            for slot, sequence in zip(slots, sequences, strict=True):
+                sequence.slot = slot
+                sequence.policy_version = self.policy_version
+                self._slots[slot] = sequence
+            if work.waiting and self.share_prefill:
+                work.prefix, work.prefix_version = prefix, self.policy_version
+            else:
+                work.prefix = None
+                self._queue.popleft()
+
+    def _process(self, result: Any, owners: list[_Sequence | None]) -> None:
+        data = result.convert_to_numpy()
+        tokens = data.data[:, data.tokens_idx[0]]
+        logprobs = data.logprobs()[:, 0]
+        eos = self.tokenizer.eos_id
+        for slot, sequence in enumerate(owners):
+            if sequence is None or sequence.finish_reason is not None or self._slots[slot] is not sequence:
+                continue
+            request = sequence.work.request
+            token = int(tokens[slot])
+            sequence.token_ids.append(token)
+            sequence.logprobs.append(float(logprobs[slot]))
+            self.generated_tokens += 1
+            if token == eos or token in request.stop_token_ids or self._hit_stop_string(sequence):
+                self._finish(sequence, "stop")
+            elif len(sequence.token_ids) >= request.max_new_tokens:
+                self._finish(sequence, "length")
+
+    def _hit_stop_string(self, sequence: _Sequence) -> bool:
+        stops = sequence.work.request.stop_strings
+        if not stops:
+            return False
+        window = max(len(s) for s in stops)
+        tail = self.tokenizer.decode(sequence.token_ids[-window:])
+        return any(tail.endswith(s) for s in stops)
+
+    def _finish(self, sequence: _Sequence, reason: str) -> None:
+        sequence.finish_reason = reason
+        self._slots[sequence.slot] = None
+        work = sequence.work
+        work.results[sequence.sample_index] = SequenceResult(
+            prompt_ids=work.prompt_ids,
+            token_ids=tuple(sequence.token_ids),
+            logprobs=tuple(sequence.logprobs),
+            finish_reason=reason,
+            policy_version=sequence.policy_version,
+            sample_index=sequence.sample_index,
+        )
+        if len(work.results) == work.request.num_samples:
+            results = [work.results[i] for i in range(work.request.num_samples)]
+            if work.request.on_done is not None:
+                work.request.on_done(results)

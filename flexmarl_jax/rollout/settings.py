@@ -1,0 +1,116 @@
+"""Rollout settings that must be checked before any JAX code runs.
+
+Pure Python (no JAX import) so that config validation can call it when a config
+loads. Every error names the field, the offending value and what is allowed.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import enum
+
+
+class VersionSwapPolicy(enum.StrEnum):
+    """What an engine instance does with in-flight sequences when new weights arrive.
+
+    DRAIN:   stop admitting, finish every in-flight sequence under the old weights (its
+             result says so through `policy_version`), then swap.
+    REQUEUE: abort in-flight sequences, swap at once, and re-queue them; they restart
+             from their prompt under the new weights.
+    Either way no sequence ever mixes two policy versions.
+    """
+
+    DRAIN = "drain"
+    REQUEUE = "requeue"
+
+
+def validate_sampling(
+    *,
+    temperature: float,
+    top_k: int,
+    top_p: float,
+    max_new_tokens: int,
+    field: str = "sampling",
+) -> None:
+    """Raises ValueError naming `field.<name>` when a sampling setting is out of range.
+
+    temperature == 0 means greedy; top_k == 0 means no top-k cut; top_p == 1.0 means no
+    nucleus cut.
+    """
+    if isinstance(temperature, bool) or not isinstance(temperature, (int, float)) or not temperature >= 0:
+        raise ValueError(f"{field}.temperature={temperature!r} must be a number >= 0 (0 means greedy)")
+    if isinstance(top_k, bool) or not isinstance(top_k, int) or top_k < 0:
+        raise ValueError(f"{field}.top_k={top_k!r} must be an int >= 0 (0 disables top-k)")
+    if isinstance(top_p, bool) or not isinstance(top_p, (int, float)) or not 0.0 < top_p <= 1.0:
+        raise ValueError(f"{field}.top_p={top_p!r} must be in (0, 1] (1 disables top-p)")
+    if isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, int) or max_new_tokens < 1:
+        raise ValueError(f"{field}.max_new_tokens={max_new_tokens!r} must be an int >= 1")
+
+
+def default_prefill_buckets(max_prefill_length: int, smallest: int = 16) -> tuple[int, ...]:
+    """Powers of two from `smallest` up to (and always ending at) `max_prefill_length`."""
+    buckets = []
+    length = smallest
+    while length < max_prefill_length:
+        buckets.append(length)
+        length *= 2
+    buckets.append(max_prefill_length)
+    return tuple(buckets)
+
+
+@dataclasses.dataclass(frozen=True)
+class EngineConfig:
+    """Static shape settings of one FlexEngine; changing any of them means recompiling.
+
+    max_concurrent_decodes: decode slots (rows of the decode batch).
+    max_prefill_length:     longest prompt in tokens (BOS included).
+    max_decode_length:      most tokens a sequence may generate; the KV cache holds
+                            max_prefill_length + max_decode_length positions.
+    prefill_buckets:        prompt lengths prefill is compiled for (ascending, ending at
+                            max_prefill_length); a prompt is right-padded to the next bucket.
+    truncate_long_prompts:  keep the last max_prefill_length tokens of a longer prompt
+                            instead of raising.
+    """
+
+    max_concurrent_decodes: int = 8
+    max_prefill_length: int = 64
+    max_decode_length: int = 64
+    prefill_buckets: tuple[int, ...] | None = None
+    truncate_long_prompts: bool = False
+
+    def __post_init__(self) -> None:
+        for name in ("max_concurrent_decodes", "max_prefill_length", "max_decode_length"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise ValueError(f"rollout.{name}={value!r} must be an int >= 1")
+        if self.prefill_buckets is None:
+            object.__setattr__(self, "prefill_buckets", default_prefill_buckets(self.max_prefill_length))
+        buckets = tuple(self.prefill_buckets)
+        object.__setattr__(self, "prefill_buckets", buckets)
+        if (
+            not buckets
+            or any(not isinstance(b, int) or b < 1 for b in buckets)
+            or list(buckets) != sorted(set(buckets))
+            or buckets[-1] != self.max_prefill_length
+        ):
+            raise ValueError(
+                f"rollout.prefill_buckets={buckets!r} must be strictly increasing positive ints "
+                f"ending at max_prefill_length={self.max_prefill_length}"
+            )
+
+    @property
+    def cache_length(self) -> int:
+        """KV-cache positions per slot."""
+        return self.max_prefill_length + self.max_decode_length
+
+    def bucket_for(self, prompt_length: int) -> int:
+        """Smallest bucket that holds `prompt_length` tokens (ValueError when none does)."""
+        if prompt_length < 1:
+            raise ValueError(f"prompt has {prompt_length} tokens; an empty prompt cannot be generated from")
+        for bucket in self.prefill_buckets:
+            if prompt_length <= bucket:
+                return bucket
+        raise ValueError(
+            f"prompt has {prompt_length} tokens, more than max_prefill_length={self.max_prefill_length} "
+            "(set truncate_long_prompts=True to keep the last tokens instead)"
+        )
