@@ -1,0 +1,131 @@
+"""Group commit: every store operation's writes go into one atomic TensorStore transaction.
+
+Operations enqueue their ``WriteBatch`` while holding their table's lock (so the queue order is the order
+in which they changed the in-memory index) and then wait until it is committed. Whichever waiter finds no
+flush running commits *everything* queued so far in one transaction, so concurrent writers share commits
+(batched transactions) and an OCDBT database sees one new manifest per flush rather than per call.
+A transaction is atomic: after a crash either all of a batch's rows/columns are there or none.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import threading
+
+import numpy as np
+import tensorstore as ts
+
+logger = logging.getLogger(__name__)
+
+
+class StoreBrokenError(RuntimeError):
+    """A commit failed; the in-memory index no longer matches the durable store, so the store refuses work."""
+
+
+@dataclasses.dataclass
+class WriteBatch:
+    """Array slice writes and blob writes that must become visible together."""
+
+    array_writes: list[tuple[ts.TensorStore, object, np.ndarray]] = dataclasses.field(default_factory=list)
+    blob_writes: list[tuple[str, bytes]] = dataclasses.field(default_factory=list)
+
+    def write(self, array: ts.TensorStore, index: object, values: np.ndarray) -> None:
+        """``index`` is a slice (contiguous rows) or an int64 array of rows (scattered, via ``oindex``)."""
+        self.array_writes.append((array, index, values))
+
+    def put_blob(self, key: str, data: bytes) -> None:
+        self.blob_writes.append((key, data))
+
+    def __bool__(self) -> bool:
+        return bool(self.array_writes or self.blob_writes)
+
+
+class Committer:
+    """Commits queued write batches in order, several per transaction."""
+
+    def __init__(self, kvstore: ts.KvStore):
+        self._kvstore = kvstore
+        self._cond = threading.Condition(threading.Lock())
+        self._queue: list[tuple[int, WriteBatch]] = []
+        # Blobs queued but not yet committed: a claim may read a row whose append is still in flight.
+        self._pending_blobs: dict[str, bytes] = {}
+        self._next_seq = 1
+        self._committed_seq = 0
+        self._flushing = False
+        self._error: BaseException | None = None
+        self.num_transactions = 0
+
+    def enqueue(self, batch: WriteBatch) -> int:
+        """Queues a batch; returns its sequence number for ``wait``. Call with the table lock held."""
+        with self._cond:
+            self._raise_if_broken()
+            seq = self._next_seq
+            self._next_seq += 1
+            self._queue.append((seq, batch))
+            for key, data in batch.blob_writes:
+                self._pending_blobs[key] = data
+            return seq
+
+    def pending_blob(self, key: str) -> bytes | None:
+        with self._cond:
+            return self._pending_blobs.get(key)
+
+    def wait(self, seq: int) -> None:
+        """Returns once batch ``seq`` is committed, committing the queue itself when no one else is."""
+        while True:
+            with self._cond:
+                while self._flushing and self._committed_seq < seq and self._error is None:
+                    self._cond.wait()
+                if self._committed_seq >= seq:
+                    return
+                self._raise_if_broken()
+                self._flushing = True
+                batches, self._queue = self._queue, []
+            error = None
+            try:
+                self._commit([batch for _, batch in batches])
+            except BaseException as exc:  # noqa: BLE001 - re-raised below and to every other waiter
+                error = exc
+            with self._cond:
+                self._flushing = False
+                if error is not None:
+                    logger.error("experience store commit failed; the store is now unusable: %s", error)
+                    self._error = error
+                else:
+                    self._committed_seq = (
+                        max(self._committed_seq, batches[-1][0]) if batches else self._committed_seq
+                    )
+                    for _, batch in batches:
+                        for key, _ in batch.blob_writes:
+                            self._pending_blobs.pop(key, None)
+                self._cond.notify_all()
+
+    def flush(self) -> None:
+        with self._cond:
+            last = self._next_seq - 1
+        if last:
+            self.wait(last)
+
+    def _raise_if_broken(self) -> None:
+        if self._error is not None:
+            raise StoreBrokenError(f"an earlier commit failed: {self._error!r}") from self._error
+
+    def _commit(self, batches: list[WriteBatch]) -> None:
+        if not any(batches):
+            return
+        txn = ts.Transaction(atomic=True)
+        futures = []
+        kvstore = self._kvstore.with_transaction(txn)
+        for batch in batches:
+            # TensorStore applies writes to the same region in issue order, so later batches win.
+            for array, index, values in batch.array_writes:
+                target = array.with_transaction(txn)
+                view = target.oindex[index] if isinstance(index, np.ndarray) else target[index]
+                futures.append(view.write(values))
+            for key, data in batch.blob_writes:
+                futures.append(kvstore.write(key, data))
+        for future in futures:
+            future.result()
+        txn.commit_async().result()
+        self.num_transactions += 1

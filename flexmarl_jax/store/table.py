@@ -1,0 +1,493 @@
+"""One agent's table: validates input, updates the in-memory index under a lock, mirrors it to TensorStore.
+
+Every public method is thread-safe. Values are checked before the lock is taken and before anything
+changes, so a bad call writes nothing. Writes are queued to the shared ``Committer`` while the lock is held
+(their order is the index's order) and awaited after it is released, so slow commits do not block claims.
+Claims and releases touch memory only: a claim is a lease, and a reopened store shows claimed rows READY.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Mapping, Sequence
+
+import numpy as np
+import tensorstore as ts
+
+from flexmarl_jax.store import layout
+from flexmarl_jax.store.batch import MicroBatch
+from flexmarl_jax.store.commit import Committer, WriteBatch
+from flexmarl_jax.store.index import RowIndex
+from flexmarl_jax.store.schema import (
+    STATUS_PREFIX,
+    VERSION_PREFIX,
+    ColumnSpec,
+    RowState,
+    TableSchema,
+)
+from flexmarl_jax.store.values import coerce_column, coerce_scalar, pack_blob, unpack_rows
+
+_INT32 = ColumnSpec("_", "int32", "meta")
+
+
+def _as_index(rows: np.ndarray) -> slice | np.ndarray:
+    """A slice when ``rows`` (sorted) are contiguous: cheaper to write than a scattered index."""
+    if len(rows) and rows[-1] - rows[0] + 1 == len(rows):
+        return slice(int(rows[0]), int(rows[-1]) + 1)
+    return rows
+
+
+class AgentTable:
+    """The table of one agent (see ``ExperienceStore`` for the meaning of each operation)."""
+
+    def __init__(
+        self,
+        agent: str,
+        schema: TableSchema,
+        *,
+        base_spec: dict,
+        context: ts.Context,
+        kvstore: ts.KvStore,
+        committer: Committer,
+        rows_per_chunk: int,
+        create: bool,
+    ):
+        self.agent = agent
+        self.schema = schema
+        self.specs = {spec.name: spec for spec in schema.all_specs()}
+        self.data_specs = {spec.name: spec for spec in schema.data_specs()}
+        self._agent_position = {name: i for i, name in enumerate(schema.agents)}
+        self._kvstore = kvstore
+        self._committer = committer
+        futures = {
+            name: ts.open(
+                {
+                    **layout.column_array_spec(base_spec, agent, spec, rows_per_chunk),
+                    "open": True,
+                    "create": create,
+                },
+                context=context,
+            )
+            for name, spec in self.specs.items()
+        }
+        self._counters = layout.open_array(
+            layout.counters_array_spec(base_spec, agent), context, create=create
+        )
+        self._arrays = {name: future.result() for name, future in futures.items()}
+        self._index = RowIndex(schema)
+        self._cond = threading.Condition(threading.Lock())
+        self._next_blob_id = 1  # blob id 0 means "no value"
+
+    # ---- append ----------
+    def append(
+        self,
+        *,
+        input_ids: Sequence[str | int],
+        trajectory_ids: Sequence[int] | np.ndarray,
+        group_size: int,
+        policy_versions: Mapping[str, int | Sequence[int]],
+        turns: int | Sequence[int] | np.ndarray = 0,
+        group_ids: Sequence[str] | None = None,
+        columns: Mapping[str, object] | None = None,
+    ) -> list[str]:
+        if isinstance(input_ids, (str, bytes)) or not isinstance(input_ids, (Sequence, np.ndarray)):
+            raise TypeError(f"input_ids must be a list of str or int, got {type(input_ids).__name__}")
+        num_rows = len(input_ids)
+        for input_id in input_ids:
+            if isinstance(input_id, bool) or not isinstance(input_id, (str, int, np.integer)):
+                raise TypeError(f"input_id {input_id!r} must be a str or an int")
+        input_ids = [str(x) for x in input_ids]
+        turns = coerce_scalar(ColumnSpec("turns", "int32", "meta"), turns, num_rows)
+        trajectory_ids = coerce_scalar(
+            ColumnSpec("trajectory_ids", "int32", "meta"), trajectory_ids, num_rows
+        )
+        if isinstance(group_size, bool) or not isinstance(group_size, (int, np.integer)) or group_size < 1:
+            raise ValueError(f"group_size={group_size!r} must be a positive int (rows per GRPO group)")
+        sample_ids = [
+            f"{i}_{t}_{j}" for i, t, j in zip(input_ids, turns.tolist(), trajectory_ids.tolist(), strict=True)
+        ]
+        if group_ids is None:
+            group_keys = [f"{i}_{t}" for i, t in zip(input_ids, turns.tolist(), strict=True)]
+        else:
+            group_keys = coerce_column(ColumnSpec("group_ids", "str", "meta"), group_ids, num_rows)
+        versions = self._coerce_versions(policy_versions, num_rows)
+        values = self._coerce_data(columns or {}, num_rows)
+        packed = {
+            name: pack_blob(self.specs[name], v, 0) for name, v in values.items() if isinstance(v, list)
+        }
+        for name, strings in (("sample_id", sample_ids), ("input_id", input_ids), ("group_id", group_keys)):
+            packed[name] = pack_blob(self.specs[name], strings, 0)
+        status = np.zeros((num_rows, len(self.data_specs)), bool)
+        for name in values:
+            status[:, self._index.data_position[name]] = True
+        group_size_rows = np.full(num_rows, group_size, np.int64)
+        now = time.time()
+        times = np.full((num_rows, 3), np.nan)
+        times[:, 0] = now
+
+        with self._cond:
+            self._index.check_new_rows(sample_ids, group_keys, group_size_rows)
+            refs = self._assign_blob_ids(packed)
+            ready = status.all(axis=1)
+            times[ready, 1] = now
+            start = self._index.num_rows
+            state = self._index.add_rows(
+                sample_ids=sample_ids,
+                input_ids=input_ids,
+                group_keys=group_keys,
+                group_size=group_size_rows,
+                turn=turns,
+                trajectory_id=trajectory_ids,
+                versions=versions,
+                status=status,
+                times=times,
+                scalars={k: v for k, v in values.items() if not isinstance(v, list)},
+                refs={k: v for k, v in refs.items() if k in self.data_specs},
+                state=None,
+            )
+            rows = slice(start, start + num_rows)
+            batch = WriteBatch()
+            self._write_blobs(batch, packed, refs, rows)
+            columns_out = {
+                "state": state,
+                "turn": turns,
+                "trajectory_id": trajectory_ids,
+                "group_size": group_size_rows.astype(np.int32),
+                "created_at": times[:, 0],
+                "ready_at": times[:, 1],
+            }
+            for agent, position in self._agent_position.items():
+                columns_out[VERSION_PREFIX + agent] = versions[:, position]
+            for name, value in values.items():
+                if not isinstance(value, list):
+                    columns_out[name] = value
+                columns_out[STATUS_PREFIX + name] = np.ones(num_rows, bool)
+            for name, value in columns_out.items():
+                batch.write(self._arrays[name], rows, np.asarray(value))
+            batch.write(self._counters, slice(0, 2), np.array([start + num_rows, self._next_blob_id]))
+            seq = self._committer.enqueue(batch)
+            self._cond.notify_all()
+        self._committer.wait(seq)
+        return sample_ids
+
+    def _coerce_versions(self, policy_versions: Mapping[str, object], num_rows: int) -> np.ndarray:
+        """[rows, agents] int64, -1 for agents the rows do not depend on."""
+        if not isinstance(policy_versions, Mapping):
+            raise TypeError(
+                f"policy_versions must be a dict agent -> version, got {type(policy_versions).__name__}"
+            )
+        unknown = sorted(set(policy_versions) - set(self._agent_position))
+        if unknown:
+            raise ValueError(
+                f"policy_versions names unknown agent(s) {unknown}; agents: {list(self.schema.agents)}"
+            )
+        if self.agent not in policy_versions:
+            raise ValueError(
+                f"policy_versions must include the row's own agent {self.agent!r} (the version it was "
+                f"generated under); got {sorted(policy_versions)}"
+            )
+        versions = np.full((num_rows, len(self._agent_position)), -1, np.int64)
+        for agent, value in policy_versions.items():
+            column = coerce_scalar(
+                ColumnSpec(f"policy_versions[{agent!r}]", "int64", "meta"), value, num_rows
+            )
+            if (column < 0).any():
+                raise ValueError(
+                    f"policy_versions[{agent!r}] has a negative version {column.min()}; versions are >= 0"
+                )
+            versions[:, self._agent_position[agent]] = column
+        return versions
+
+    def _coerce_data(self, columns: Mapping[str, object], num_rows: int) -> dict[str, object]:
+        if not isinstance(columns, Mapping):
+            raise TypeError(f"columns must be a dict name -> values, got {type(columns).__name__}")
+        unknown = [name for name in columns if name not in self.data_specs]
+        if unknown:
+            raise ValueError(
+                f"column(s) {unknown} are not declared for agent {self.agent!r}; data columns: "
+                f"{list(self.data_specs)} (declare more with extra_columns=...)"
+            )
+        return {
+            name: coerce_column(self.data_specs[name], values, num_rows) for name, values in columns.items()
+        }
+
+    def _assign_blob_ids(self, packed: dict[str, tuple[bytes, np.ndarray]]) -> dict[str, np.ndarray]:
+        refs = {}
+        for name, (_, column_refs) in packed.items():
+            column_refs[:, 0] = self._next_blob_id
+            self._next_blob_id += 1
+            refs[name] = column_refs
+        return refs
+
+    def _write_blobs(self, batch: WriteBatch, packed: dict, refs: dict, rows: slice | np.ndarray) -> None:
+        for name, (data, _) in packed.items():
+            blob_id = int(refs[name][0, 0]) if len(refs[name]) else 0
+            batch.put_blob(layout.blob_key(self.agent, name, blob_id), data)
+            batch.write(self._arrays[name], rows, refs[name])
+
+    # ---- set columns ------------------------------------------------------------------------------------
+    def set_columns(self, rows: Sequence[str] | np.ndarray, columns: Mapping[str, object]) -> None:
+        by_id = not isinstance(rows, np.ndarray)
+        if by_id and (isinstance(rows, str) or not isinstance(rows, Sequence)):
+            raise TypeError(
+                f"rows must be a list of sample ids or an int array of rows, got {type(rows).__name__}"
+            )
+        num_rows = len(rows)
+        values = self._coerce_data(columns, num_rows)
+        if not values or num_rows == 0:
+            return
+        packed = {
+            name: pack_blob(self.specs[name], v, 0) for name, v in values.items() if isinstance(v, list)
+        }
+        now = time.time()
+        with self._cond:
+            row_ids = self._index.rows_of(list(rows)) if by_id else self._check_rows(rows)
+            if len(np.unique(row_ids)) != num_rows:
+                raise ValueError("set_columns got the same row twice")
+            held = np.isin(self._index.state[row_ids], (RowState.CLAIMED, RowState.CONSUMED))
+            if held.any():
+                row = int(row_ids[held][0])
+                raise ValueError(
+                    f"row {self._index.sample_ids[row]!r} is {RowState(self._index.state[row]).name}; "
+                    "its values can no longer change"
+                )
+            order = np.argsort(row_ids)
+            row_ids = row_ids[order]
+            index = _as_index(row_ids)
+            refs = self._assign_blob_ids(packed)
+            batch = WriteBatch()
+            for name in packed:
+                refs[name] = refs[name][order]
+                self._index.refs[name][row_ids] = refs[name]
+            self._write_blobs(batch, packed, refs, index)
+            for name, value in values.items():
+                if not isinstance(value, list):
+                    value = value[order]
+                    self._index.scalars[name][row_ids] = value
+                    batch.write(self._arrays[name], index, value)
+                batch.write(self._arrays[STATUS_PREFIX + name], index, np.ones(num_rows, bool))
+            became_ready = np.sort(self._index.mark_complete(row_ids, list(values), now))
+            if len(became_ready):
+                ready_index = _as_index(became_ready)
+                batch.write(
+                    self._arrays["state"], ready_index, np.full(len(became_ready), RowState.READY, np.int32)
+                )
+                batch.write(self._arrays["ready_at"], ready_index, np.full(len(became_ready), now))
+            if packed:
+                batch.write(self._counters, slice(1, 2), np.array([self._next_blob_id]))
+            seq = self._committer.enqueue(batch)
+            self._cond.notify_all()
+        self._committer.wait(seq)
+
+    def _check_rows(self, rows: np.ndarray) -> np.ndarray:
+        if rows.dtype.kind not in "iu" or rows.ndim != 1:
+            raise TypeError(f"rows must be a 1-D int array, got dtype {rows.dtype} shape {rows.shape}")
+        if len(rows) and (rows.min() < 0 or rows.max() >= self._index.num_rows):
+            raise ValueError(f"rows must be in [0, {self._index.num_rows}); got [{rows.min()}, {rows.max()}]")
+        return rows.astype(np.int64)
+
+    # ---- claims ----------
+    def claim(
+        self,
+        size: int,
+        current: np.ndarray,
+        max_staleness: int,
+        *,
+        columns: Sequence[str] | None,
+        allow_partial: bool,
+        timeout: float | None,
+    ) -> MicroBatch | None:
+        names = list(self.data_specs) if columns is None else list(columns)
+        unknown = [name for name in names if name not in self.data_specs]
+        if unknown:
+            raise ValueError(
+                f"column(s) {unknown} are not data columns of {self.agent!r}: {list(self.data_specs)}"
+            )
+        deadline = None if timeout is None else time.monotonic() + timeout
+        with self._cond:
+            while True:
+                groups = self._select_groups(size, current, max_staleness, allow_partial)
+                if groups is not None:
+                    break
+                remaining = None if deadline is None else deadline - time.monotonic()
+                if remaining is not None and remaining <= 0:
+                    return None
+                self._cond.wait(remaining)
+            claim_id, claim = self._index.claim(groups)
+            rows = claim.rows
+            index = self._index
+            sample_ids = tuple(index.sample_ids[r] for r in rows.tolist())
+            group_ids = tuple(index.group_ids[g] for g in groups.tolist())
+            group_index = np.repeat(np.arange(len(groups), dtype=np.int32), index.group_size[groups])
+            versions = index.versions[rows]
+            scalars = {n: index.scalars[n][rows] for n in names if n in index.scalars}
+            refs = {n: index.refs[n][rows] for n in names if n in index.refs}
+        # Blobs are immutable once written, so reading them needs no lock.
+        values: dict[str, object] = dict(scalars)
+        values.update(self._read_refs(refs))
+        return MicroBatch(
+            agent=self.agent,
+            claim_id=claim_id,
+            rows=rows,
+            sample_ids=sample_ids,
+            group_ids=group_ids,
+            group_index=group_index,
+            policy_versions={a: versions[:, i] for a, i in self._agent_position.items()},
+            columns={name: values[name] for name in names},
+        )
+
+    def _select_groups(
+        self, size: int, current: np.ndarray, max_staleness: int, allow_partial: bool
+    ) -> np.ndarray | None:
+        for group_size in sorted(self._index.live_group_sizes()):
+            if size % group_size:
+                raise ValueError(
+                    f"size={size} is not a multiple of group_size={group_size} of agent {self.agent!r}; "
+                    "claims take whole groups, so size must be a multiple of every group size of the table"
+                )
+        groups = self._index.claimable_groups(current, max_staleness)
+        sizes = self._index.group_size[groups]
+        total = np.cumsum(sizes)
+        take = int(np.searchsorted(total, size, side="right"))
+        chosen, filled = list(groups[:take]), int(total[take - 1]) if take else 0
+        for group, group_size in zip(
+            groups[take:].tolist(), sizes[take:].tolist(), strict=True
+        ):  # mixed group sizes
+            if filled == size:
+                break
+            if filled + group_size <= size:
+                chosen.append(group)
+                filled += group_size
+        if filled == size or (allow_partial and filled > 0):
+            return np.asarray(chosen, np.int64)
+        return None
+
+    def _read_refs(self, refs: dict[str, np.ndarray]) -> dict[str, list]:
+        """Values of by-reference columns: one ranged read per (column, blob) covering the rows asked for."""
+        reads = {}
+        for name, column_refs in refs.items():
+            itemsize = self.specs[name].dtype.itemsize
+            for blob_id in np.unique(column_refs[:, 0]).tolist():
+                in_blob = column_refs[column_refs[:, 0] == blob_id]
+                low = int(in_blob[:, 1].min())
+                high = int((in_blob[:, 1] + in_blob[:, 2]).max())
+                byte_range = slice(low * itemsize, high * itemsize)
+                key = layout.blob_key(self.agent, name, blob_id)
+                pending = self._committer.pending_blob(key)
+                if pending is not None:
+                    read = pending[byte_range]
+                elif high == low:
+                    read = b""
+                else:
+                    read = self._kvstore.read(key, byte_range=byte_range)
+                reads[name, blob_id] = (low, read)
+        out = {}
+        for name, column_refs in refs.items():
+            spec = self.specs[name]
+            values: list = [None] * len(column_refs)
+            for blob_id in np.unique(column_refs[:, 0]).tolist():
+                low, raw = reads[name, blob_id]
+                if not isinstance(raw, bytes):
+                    result = raw.result()
+                    if result.state != "value":
+                        raise RuntimeError(f"blob {layout.blob_key(self.agent, name, blob_id)} is missing")
+                    raw = result.value
+                blob = layout.decode_blob(raw, spec.dtype) if spec.kind != "str" else raw
+                positions = np.flatnonzero(column_refs[:, 0] == blob_id)
+                local_refs = column_refs[positions] - np.array([0, low, 0])
+                for position, value in zip(
+                    positions.tolist(), unpack_rows(spec, blob, local_refs), strict=True
+                ):
+                    values[position] = value
+            out[name] = values
+        return out
+
+    def consume(self, claim_id: int) -> int:
+        with self._cond:
+            claim = self._index.take_claim(claim_id, self.agent)
+            now = time.time()
+            self._index.consume(claim, now)
+            rows = np.sort(claim.rows)
+            index = _as_index(rows)
+            batch = WriteBatch()
+            batch.write(self._arrays["state"], index, np.full(len(rows), RowState.CONSUMED, np.int32))
+            batch.write(self._arrays["consumed_at"], index, np.full(len(rows), now))
+            seq = self._committer.enqueue(batch)
+        self._committer.wait(seq)
+        return len(rows)
+
+    def release(self, claim_id: int) -> int:
+        with self._cond:
+            claim = self._index.take_claim(claim_id, self.agent)
+            self._index.release(claim)
+            self._cond.notify_all()
+        return len(claim.rows)
+
+    def drop_stale(self, current: np.ndarray, max_staleness: int) -> int:
+        with self._cond:
+            rows = np.sort(self._index.drop_stale(current, max_staleness))
+            if not len(rows):
+                return 0
+            batch = WriteBatch()
+            batch.write(
+                self._arrays["state"], _as_index(rows), np.full(len(rows), RowState.DROPPED, np.int32)
+            )
+            seq = self._committer.enqueue(batch)
+        self._committer.wait(seq)
+        return len(rows)
+
+    # ---- queries ----------
+    def counters(self) -> dict[str, int]:
+        with self._cond:
+            counts = self._index.state_counts()
+        return {
+            "pending": int(counts[RowState.GENERATING]),
+            "ready": int(counts[RowState.READY]),
+            "claimed": int(counts[RowState.CLAIMED]),
+            "consumed": int(counts[RowState.CONSUMED]),
+            "dropped": int(counts[RowState.DROPPED]),
+            "total": int(counts.sum()),
+        }
+
+    def complete_groups(self, current: np.ndarray | None, max_staleness: int) -> list[str]:
+        with self._cond:
+            if current is None:
+                # "Any version": a huge current version and a bound that reaches below zero.
+                current, max_staleness = np.full(len(self._agent_position), 2**40), 2**61
+            groups = self._index.claimable_groups(current, max_staleness)
+            return [self._index.group_ids[g] for g in groups.tolist()]
+
+    def row_states(self, sample_ids: Sequence[str]) -> list[RowState]:
+        with self._cond:
+            rows = self._index.rows_of(list(sample_ids))
+            return [RowState(s) for s in self._index.state[rows].tolist()]
+
+    # ---- reopening ----------
+    def load(self) -> None:
+        """Rebuilds the index from the committed arrays (rows 0 .. row_count-1)."""
+        row_count, next_blob_id = self._counters.read().result().tolist()
+        self._next_blob_id = max(1, next_blob_id)
+        if row_count == 0:
+            return
+        futures = {name: array[:row_count].read() for name, array in self._arrays.items()}
+        arrays = {name: future.result() for name, future in futures.items()}
+        strings = self._read_refs({name: arrays[name] for name in ("sample_id", "input_id", "group_id")})
+        state = arrays["state"].astype(np.int32)
+        state[state == RowState.CLAIMED] = RowState.READY  # never written, but a lease is never durable
+        names = list(self.data_specs)
+        self._index.add_rows(
+            sample_ids=strings["sample_id"],
+            input_ids=strings["input_id"],
+            group_keys=strings["group_id"],
+            group_size=arrays["group_size"].astype(np.int64),
+            turn=arrays["turn"],
+            trajectory_id=arrays["trajectory_id"],
+            versions=np.stack([arrays[VERSION_PREFIX + a] for a in self.schema.agents], axis=1),
+            status=np.stack([arrays[STATUS_PREFIX + n] for n in names], axis=1),
+            times=np.stack([arrays[k] for k in ("created_at", "ready_at", "consumed_at")], axis=1),
+            scalars={n: arrays[n] for n in names if not self.data_specs[n].by_reference},
+            refs={n: arrays[n] for n in names if self.data_specs[n].by_reference},
+            state=state,
+        )
+        self._index.settle_loaded_groups()
