@@ -257,6 +257,29 @@ class Workflow:
         fields["prompt"] = query_prompt
         return self.nodes[node].template.format(**fields)
 
+    def max_prompt_chars(self, max_query_chars: int) -> int:
+        """Worst-case rendered prompt length over all nodes, for checking against an engine's prompt limit.
+
+        Needs `max_field_chars` (upstream answers are unbounded otherwise).
+        """
+        if self.max_field_chars is None:
+            raise WorkflowError(
+                f"workflow {self.name!r} has max_field_chars=None: prompt length is unbounded"
+            )
+        longest = 0
+        for node in self.order:
+            upstream = self.upstream[node]
+            field_chars = {u: self.max_field_chars for u in upstream}
+            field_chars["prompt"] = max_query_chars
+            field_chars["inputs"] = len(upstream) * self.max_field_chars + max(0, len(upstream) - 1) * len(
+                self.input_separator
+            )
+            length = 0
+            for literal, field, _, _ in string.Formatter().parse(self.nodes[node].template):
+                length += len(literal) + (field_chars[field] if field is not None else 0)
+            longest = max(longest, length)
+        return longest
+
     def _topological_order(self) -> tuple[str, ...]:
         # Kahn's algorithm, ties broken by declaration order so turns are deterministic.
         remaining = {node: len(self.upstream[node]) for node in self.nodes}
