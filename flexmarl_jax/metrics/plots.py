@@ -244,7 +244,7 @@ def plot_gantt(
     resources = sorted(timeline.resources, key=lambda r: (group_order[resource_group(r)], _natural_key(r)))
     row_of = {resource: index for index, resource in enumerate(resources)}
     agents = sorted({i.agent for i in intervals if i.agent is not None})
-    colors = agent_colors(agents)
+    colors = agent_colors(_timeline_agents(timeline))
     kinds = list(
         dict.fromkeys(
             [k for k in KNOWN_KINDS if any(i.kind == k for i in intervals)] + [i.kind for i in intervals]
@@ -364,7 +364,7 @@ def plot_load(timeline: Timeline | PathLike, out_dir: PathLike, *, filename: str
     requests = timeline.counter(REQUESTS)
     queues = timeline.gauge(QUEUE_LENGTH)
     instances = timeline.gauge(INSTANCES)
-    colors = agent_colors([*requests, *queues, *instances])
+    colors = agent_colors(_timeline_agents(timeline))
     end = max(timeline.end_time(), 1e-9)
 
     with matplotlib.rc_context(_STYLE):
@@ -482,6 +482,15 @@ def plot_all(
 
 def _as_timeline(timeline: Timeline | PathLike) -> Timeline:
     return timeline if isinstance(timeline, Timeline) else Timeline.load(timeline)
+
+
+def _timeline_agents(timeline: Timeline) -> set[str]:
+    """Every agent named anywhere in the timeline, so that the Gantt and load plots colour alike."""
+    agents = {interval.agent for interval in timeline.intervals() if interval.agent is not None}
+    agents |= {event.agent for event in timeline.events() if event.agent is not None}
+    for series in (REQUESTS, QUEUE_LENGTH, INSTANCES):
+        agents |= set(timeline.counter(series)) | set(timeline.gauge(series))
+    return agents
 
 
 def _ensure_dir(path: PathLike) -> Path:

@@ -16,7 +16,6 @@ from rich.progress import (
     Progress,
     TextColumn,
     TimeElapsedColumn,
-    TimeRemainingColumn,
 )
 from rich.table import Table
 
@@ -38,10 +37,12 @@ _SUMMARY_FIRST = (
 
 
 def format_number(value: float) -> str:
-    """Compact, fixed-ish precision: 0.412, 12.3, 1234."""
+    """Compact, fixed-ish precision: 0.412, 12.3, 1234, and 1.10e-03 for small values such as KL."""
     if value != value:  # NaN
         return "nan"
     magnitude = abs(value)
+    if 0 < magnitude < 0.01:
+        return f"{value:.2e}"
     if magnitude >= 100:
         return f"{value:.0f}"
     if magnitude >= 10:
@@ -94,14 +95,15 @@ class IterationProgress:
                 MofNCompleteColumn(),
                 TextColumn("elapsed"),
                 TimeElapsedColumn(),
-                TextColumn("eta"),
-                TimeRemainingColumn(),
+                # Our own ETA (mean time per iteration of this process), as in the line-per-iteration mode:
+                # rich's estimate needs several samples within a 30 s window, and iterations take minutes.
+                TextColumn("eta {task.fields[eta]}"),
                 TextColumn("{task.fields[postfix]}"),
                 console=self._console,
-                # Iterations can take minutes; rich's default 30 s speed window would leave no ETA.
-                speed_estimate_period=24 * 3600,
             )
-            self._task = self._progress.add_task(description, total=total, completed=initial, postfix="")
+            self._task = self._progress.add_task(
+                description, total=total, completed=initial, postfix="", eta="?"
+            )
 
     def __enter__(self) -> IterationProgress:
         if self._progress is not None:
@@ -138,10 +140,11 @@ class IterationProgress:
         """Mark `steps` more iterations done; `record` (the iteration's metrics) fills the postfix."""
         self.completed = min(self.completed + steps, self.total)
         postfix = self.postfix(record)
-        if self._progress is not None:
-            self._progress.update(self._task, advance=steps, postfix=postfix)
-            return
         eta = self.eta_seconds()
+        if self._progress is not None:
+            eta_text = format_duration(eta) if eta is not None else "?"
+            self._progress.update(self._task, advance=steps, postfix=postfix, eta=eta_text)
+            return
         parts = [f"iter {self.completed}/{self.total}"]
         if postfix:
             parts.append(postfix)

@@ -1,0 +1,151 @@
+"""MetricsWriter: JSONL round trip of numpy/JAX values, resume dedupe, torn lines, TensorBoard tags."""
+
+from __future__ import annotations
+
+import json
+import struct
+import threading
+from pathlib import Path
+
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from tensorboardX.proto import event_pb2
+
+from flexmarl_jax import metrics
+
+
+def read_tensorboard_scalars(logdir: Path) -> dict[str, dict[int, float]]:
+    """Parse every TFRecord event file under `logdir`: `{tag: {step: value}}`."""
+    scalars: dict[str, dict[int, float]] = {}
+    files = sorted(logdir.glob("events.out.tfevents.*"))
+    assert files, f"no event files in {logdir}"
+    for path in files:
+        data = path.read_bytes()
+        offset = 0
+        while offset < len(data):
+            (length,) = struct.unpack_from("<Q", data, offset)
+            payload = data[offset + 12 : offset + 12 + length]  # 8 length + 4 length-crc
+            offset += 12 + length + 4  # + 4 payload-crc
+            event = event_pb2.Event.FromString(payload)
+            for value in event.summary.value:
+                scalars.setdefault(value.tag, {})[event.step] = value.simple_value
+        assert offset == len(data), f"{path} has trailing bytes: not a complete TFRecord file"
+    return scalars
+
+
+def test_jsonl_round_trip_converts_numpy_and_jax_values(tmp_path):
+    record = {
+        "iteration": np.int64(0),
+        "team_accuracy": np.float32(0.25),
+        "e2e_s": jnp.float32(1.5),
+        "tokens_per_s": jnp.array(812.0),
+        "lengths": np.array([3, 4, 5], dtype=np.int32),
+        "kl": float("nan"),
+        "done": np.bool_(True),
+        "mode": "flexmarl",
+        "agent": {"solver": {"reward": np.float64(0.75), "clip_frac": jnp.float32(0.125)}},
+    }
+    with metrics.MetricsWriter(tmp_path, tensorboard=False) as writer:
+        assert writer.write(record) is True
+    lines = (tmp_path / metrics.METRICS_FILENAME).read_text().splitlines()
+    assert len(lines) == 1
+    assert json.loads(lines[0]) == {
+        "iteration": 0,
+        "team_accuracy": 0.25,
+        "e2e_s": 1.5,
+        "tokens_per_s": 812.0,
+        "lengths": [3, 4, 5],
+        "kl": None,  # NaN is not JSON
+        "done": True,
+        "mode": "flexmarl",
+        "agent": {"solver": {"reward": 0.75, "clip_frac": 0.125}},
+    }
+    assert metrics.read_metrics(tmp_path) == [json.loads(lines[0])]
+    assert metrics.flatten(json.loads(lines[0]))["agent/solver/reward"] == 0.75
+
+
+def test_resume_does_not_duplicate_iterations(tmp_path):
+    with metrics.MetricsWriter(tmp_path, tensorboard=False) as writer:
+        assert writer.last_iteration is None
+        for iteration in range(3):
+            assert writer.write({"iteration": iteration, "team_accuracy": 0.1 * iteration})
+    with metrics.MetricsWriter(tmp_path, tensorboard=False) as resumed:
+        assert resumed.last_iteration == 2
+        assert resumed.has_iteration(1) and not resumed.has_iteration(3)
+        assert resumed.write({"iteration": 2, "team_accuracy": 0.99}) is False  # repeated after a crash
+        assert resumed.write({"iteration": 3, "team_accuracy": 0.3}) is True
+        assert [r["iteration"] for r in resumed.records] == [0, 1, 2, 3]
+    records = metrics.read_metrics(tmp_path / metrics.METRICS_FILENAME)
+    assert [r["iteration"] for r in records] == [0, 1, 2, 3]
+    assert records[2]["team_accuracy"] == pytest.approx(0.2)  # the first record of iteration 2 is kept
+
+
+def test_torn_last_line_is_dropped_before_appending(tmp_path):
+    with metrics.MetricsWriter(tmp_path, tensorboard=False) as writer:
+        writer.write({"iteration": 0, "team_accuracy": 0.1})
+        writer.write({"iteration": 1, "team_accuracy": 0.2})
+    with open(tmp_path / metrics.METRICS_FILENAME, "a") as file:
+        file.write('{"iteration": 2, "team_acc')  # SIGKILL in the middle of a write
+    with metrics.MetricsWriter(tmp_path, tensorboard=False) as resumed:
+        assert resumed.last_iteration == 1
+        assert resumed.write({"iteration": 2, "team_accuracy": 0.3})
+    lines = (tmp_path / metrics.METRICS_FILENAME).read_text().splitlines()
+    assert [json.loads(line)["iteration"] for line in lines] == [0, 1, 2]
+
+
+def test_record_without_integer_iteration_is_rejected(tmp_path):
+    with metrics.MetricsWriter(tmp_path, tensorboard=False) as writer:
+        with pytest.raises(ValueError, match="needs an integer 'iteration', got None"):
+            writer.write({"team_accuracy": 0.5})
+        with pytest.raises(ValueError, match="got 1.5"):
+            writer.write({"iteration": 1.5})
+        with pytest.raises(TypeError, match="not JSON-serialisable"):
+            writer.write({"iteration": 0, "weird": object()})
+    assert not (tmp_path / metrics.METRICS_FILENAME).exists() or metrics.read_metrics(tmp_path) == []
+
+
+def test_tensorboard_event_files_hold_flattened_tags(tmp_path, synthetic_records):
+    with metrics.MetricsWriter(tmp_path) as writer:
+        for record in synthetic_records[:4]:
+            writer.write(record)
+    scalars = read_tensorboard_scalars(tmp_path / metrics.TENSORBOARD_DIRNAME)
+    for tag in (
+        "team_accuracy",
+        "e2e_s",
+        "tokens_per_s",
+        "utilization/rollout",
+        "agent/solver/reward",
+        "agent/planner/kl",
+        "utilization/resources/rollout/instance0",
+    ):
+        assert sorted(scalars[tag]) == [0, 1, 2, 3], tag
+    assert "iteration" not in scalars
+    for record in synthetic_records[:4]:
+        step = record["iteration"]
+        assert scalars["team_accuracy"][step] == pytest.approx(float(record["team_accuracy"]), rel=1e-6)
+        assert scalars["agent/solver/reward"][step] == pytest.approx(
+            float(record["agent"]["solver"]["reward"]), rel=1e-6
+        )
+
+
+@pytest.mark.timeout(60)
+def test_concurrent_writers_threads_write_each_iteration_once(tmp_path):
+    with metrics.MetricsWriter(tmp_path, tensorboard=False) as writer:
+        results: list[bool] = []
+        lock = threading.Lock()
+
+        def work(offset: int) -> None:
+            for iteration in range(40):
+                written = writer.write({"iteration": iteration, "writer": offset})
+                with lock:
+                    results.append(written)
+
+        threads = [threading.Thread(target=work, args=(offset,)) for offset in range(4)]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join()
+    assert results.count(True) == 40
+    records = metrics.read_metrics(tmp_path)
+    assert sorted(record["iteration"] for record in records) == list(range(40))
