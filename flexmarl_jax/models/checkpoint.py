@@ -1,0 +1,240 @@
+"""Hugging Face checkpoint import/export: ``from_pretrained`` / ``save_pretrained``.
+
+One table (`HF_NAME_TABLE`) maps every parameter path of `DecoderLM` to its HF tensor name and
+the layout change between them; import and export both read it. Our weights are [in, ...out]
+and head-structured ([embed, heads, head_dim]); HF stores torch Linear weights [out, in].
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import logging
+import os
+import re
+from typing import Any, NamedTuple
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import nnx
+from jax.sharding import Mesh
+
+from flexmarl_jax.models import safetensors_io
+from flexmarl_jax.models.config import ModelConfig
+from flexmarl_jax.models.decoder import DecoderLM
+from flexmarl_jax.models.functional import abstract_model, param_shardings
+
+logger = logging.getLogger(__name__)
+
+# (our parameter path with {i} for the layer, HF tensor name, layout)
+HF_NAME_TABLE: tuple[tuple[str, str, str], ...] = (
+    ("embed.embedding", "model.embed_tokens.weight", "same"),
+    ("final_norm.scale", "model.norm.weight", "same"),
+    ("lm_head", "lm_head.weight", "transpose"),
+    ("layers.{i}.input_norm.scale", "model.layers.{i}.input_layernorm.weight", "same"),
+    ("layers.{i}.post_attention_norm.scale", "model.layers.{i}.post_attention_layernorm.weight", "same"),
+    ("layers.{i}.attn.q_proj", "model.layers.{i}.self_attn.q_proj.weight", "in_to_heads"),
+    ("layers.{i}.attn.k_proj", "model.layers.{i}.self_attn.k_proj.weight", "in_to_heads"),
+    ("layers.{i}.attn.v_proj", "model.layers.{i}.self_attn.v_proj.weight", "in_to_heads"),
+    ("layers.{i}.attn.o_proj", "model.layers.{i}.self_attn.o_proj.weight", "heads_to_out"),
+    ("layers.{i}.attn.q_bias", "model.layers.{i}.self_attn.q_proj.bias", "same_flat"),
+    ("layers.{i}.attn.k_bias", "model.layers.{i}.self_attn.k_proj.bias", "same_flat"),
+    ("layers.{i}.attn.v_bias", "model.layers.{i}.self_attn.v_proj.bias", "same_flat"),
+    ("layers.{i}.attn.q_norm.scale", "model.layers.{i}.self_attn.q_norm.weight", "same"),
+    ("layers.{i}.attn.k_norm.scale", "model.layers.{i}.self_attn.k_norm.weight", "same"),
+    ("layers.{i}.mlp.gate_proj", "model.layers.{i}.mlp.gate_proj.weight", "transpose"),
+    ("layers.{i}.mlp.up_proj", "model.layers.{i}.mlp.up_proj.weight", "transpose"),
+    ("layers.{i}.mlp.down_proj", "model.layers.{i}.mlp.down_proj.weight", "transpose"),
+)
+_BY_PATH = {ours: (hf, layout) for ours, hf, layout in HF_NAME_TABLE}
+# HF tensors that carry no parameters of ours (buffers some exporters include).
+_IGNORED_HF = re.compile(r".*rotary_emb\.inv_freq$")
+_INDEX_FILE = "model.safetensors.index.json"
+_SINGLE_FILE = "model.safetensors"
+
+
+class Pretrained(NamedTuple):
+    """What `from_pretrained` returns; unpack as ``config, graphdef, params = ...``."""
+
+    config: ModelConfig
+    graphdef: Any
+    params: nnx.State
+
+
+def hf_name(path: tuple) -> tuple[str, str]:
+    """Our flat parameter path, e.g. ('layers', 3, 'attn', 'q_proj') -> (HF name, layout)."""
+    key = ".".join("{i}" if isinstance(p, int) else str(p) for p in path)
+    if key not in _BY_PATH:
+        raise KeyError(f"parameter {'.'.join(map(str, path))} has no row in HF_NAME_TABLE")
+    layer = next((p for p in path if isinstance(p, int)), None)
+    hf, layout = _BY_PATH[key]
+    return hf.format(i=layer), layout
+
+
+def _to_hf(array: np.ndarray, layout: str) -> np.ndarray:
+    if layout == "same":
+        return array
+    if layout == "same_flat":  # [heads, head_dim] -> [heads * head_dim]
+        return array.reshape(-1)
+    if layout == "transpose":  # [in, out] -> [out, in]
+        return array.T
+    if layout == "in_to_heads":  # [embed, heads, head_dim] -> [heads * head_dim, embed]
+        return array.reshape(array.shape[0], -1).T
+    if layout == "heads_to_out":  # [heads, head_dim, embed] -> [embed, heads * head_dim]
+        return array.reshape(-1, array.shape[-1]).T
+    raise ValueError(f"unknown layout {layout!r}")
+
+
+def _from_hf(array: np.ndarray, layout: str, our_shape: tuple[int, ...]) -> np.ndarray:
+    if layout in ("same", "same_flat"):
+        return array.reshape(our_shape)
+    if layout in ("transpose", "in_to_heads", "heads_to_out"):
+        return array.T.reshape(our_shape)
+    raise ValueError(f"unknown layout {layout!r}")
+
+
+def _hf_shape(our_shape: tuple[int, ...], layout: str) -> tuple[int, ...]:
+    return _to_hf(np.empty(our_shape, np.bool_), layout).shape
+
+
+def read_hf_config(path: str | os.PathLike) -> ModelConfig:
+    """ModelConfig from ``<path>/config.json`` (errors name unsupported architectures/fields)."""
+    config_path = os.path.join(os.fspath(path), "config.json")
+    if not os.path.exists(config_path):
+        raise FileNotFoundError(f"no config.json in {os.fspath(path)!r}")
+    with open(config_path) as f:
+        return ModelConfig.from_hf_config(json.load(f))
+
+
+def _open_checkpoint(path: str) -> dict[str, safetensors_io.SafetensorsFile]:
+    """HF tensor name -> the file holding it (index.json if present, else every *.safetensors)."""
+    index_path = os.path.join(path, _INDEX_FILE)
+    if os.path.exists(index_path):
+        with open(index_path) as f:
+            weight_map = json.load(f)["weight_map"]
+        files = {
+            name: safetensors_io.SafetensorsFile(os.path.join(path, name))
+            for name in set(weight_map.values())
+        }
+        located = {tensor: files[file] for tensor, file in weight_map.items()}
+    else:
+        names = sorted(n for n in os.listdir(path) if n.endswith(".safetensors"))
+        if not names:
+            raise FileNotFoundError(f"no *.safetensors files in {path!r}")
+        located = {}
+        for name in names:
+            file = safetensors_io.SafetensorsFile(os.path.join(path, name))
+            located.update({tensor: file for tensor in file.names})
+    for tensor, file in located.items():
+        if tensor not in file.names:
+            raise ValueError(f"tensor {tensor!r} is listed in {_INDEX_FILE} but missing from {file.path}")
+    return located
+
+
+def from_pretrained(path: str | os.PathLike, *, mesh: Mesh | None = None, dtype=jnp.float32) -> Pretrained:
+    """Loads a local HF directory (config.json + one or several safetensors files).
+
+    Each tensor is converted on the host and placed straight onto its shards of `mesh` (no
+    replicated copy on device first). Raises ValueError naming the offending tensor for a wrong
+    shape, a missing tensor or an unexpected one, and naming the architecture when unsupported.
+    """
+    path = os.fspath(path)
+    config = read_hf_config(path)
+    graphdef, abstract = abstract_model(config, dtype=dtype)
+    shardings = param_shardings(abstract, mesh) if mesh is not None else None
+    located = _open_checkpoint(path)
+    flat_shardings = dict(nnx.to_flat_state(shardings)) if shardings is not None else {}
+
+    used: set[str] = set()
+    loaded = []
+    for our_path, variable in nnx.to_flat_state(abstract):
+        name, layout = hf_name(our_path)
+        if name not in located:
+            raise ValueError(f"checkpoint {path!r} lacks tensor {name!r} (needed for {config.architecture})")
+        expected = _hf_shape(variable.shape, layout)
+        got = located[name].shape(name)
+        if got != expected:
+            raise ValueError(f"tensor {name!r} in {path!r} has shape {list(got)}, expected {list(expected)}")
+        host = _from_hf(located[name].get(name), layout, variable.shape).astype(variable.dtype)
+        sharding = flat_shardings[our_path].get_value() if shardings is not None else None
+        loaded.append((our_path, variable.replace(jax.device_put(host, sharding))))
+        used.add(name)
+
+    unexpected = sorted(
+        n
+        for n in located
+        if n not in used
+        and not _IGNORED_HF.match(n)
+        and not (config.tie_word_embeddings and n == "lm_head.weight")
+    )
+    if unexpected:
+        raise ValueError(
+            f"checkpoint {path!r} has tensors this {config.architecture} model does not use: "
+            f"{unexpected[:5]}{' ...' if len(unexpected) > 5 else ''}"
+        )
+    return Pretrained(config, graphdef, nnx.from_flat_state(loaded))
+
+
+def save_pretrained(model, path: str | os.PathLike, *, max_shard_bytes: int = 2 << 30) -> list[str]:
+    """Writes HF-compatible ``config.json`` and safetensors for `model` into directory `path`.
+
+    `model` is a `DecoderLM`, a (graphdef, params) pair or a `Pretrained`. Above `max_shard_bytes`
+    the weights are split into ``model-0000k-of-0000n.safetensors`` with a
+    ``model.safetensors.index.json``. Returns the written file names.
+    """
+    if isinstance(model, Pretrained):
+        model = nnx.merge(model.graphdef, model.params)
+    elif isinstance(model, tuple):
+        model = nnx.merge(*model)
+    if not isinstance(model, DecoderLM):
+        raise TypeError(
+            f"save_pretrained needs a DecoderLM, (graphdef, params) or Pretrained, got {type(model)}"
+        )
+    config = model.config
+    path = os.fspath(path)
+    os.makedirs(path, exist_ok=True)
+
+    tensors: dict[str, np.ndarray] = {}
+    for our_path, variable in nnx.to_flat_state(nnx.state(model, nnx.Param)):
+        name, layout = hf_name(our_path)
+        tensors[name] = np.ascontiguousarray(_to_hf(np.asarray(jax.device_get(variable.get_value())), layout))
+
+    shards: list[dict[str, np.ndarray]] = [{}]
+    size = 0
+    for name, array in tensors.items():
+        if shards[-1] and size + array.nbytes > max_shard_bytes:
+            shards.append({})
+            size = 0
+        shards[-1][name] = array
+        size += array.nbytes
+
+    hf_config = config.to_hf_config()
+    dtypes = {a.dtype for a in tensors.values()}
+    hf_config["torch_dtype"] = hf_config["dtype"] = (
+        "bfloat16" if dtypes == {np.dtype(jnp.bfloat16)} else "float32"
+    )
+    with open(os.path.join(path, "config.json"), "w") as f:
+        json.dump(hf_config, f, indent=2)
+
+    if len(shards) == 1:
+        safetensors_io.save_file(shards[0], os.path.join(path, _SINGLE_FILE))
+        return ["config.json", _SINGLE_FILE]
+    files = [f"model-{k + 1:05d}-of-{len(shards):05d}.safetensors" for k in range(len(shards))]
+    weight_map = {}
+    for file, shard in zip(files, shards, strict=True):
+        safetensors_io.save_file(shard, os.path.join(path, file))
+        weight_map.update({name: file for name in shard})
+    index = {"metadata": {"total_size": sum(a.nbytes for a in tensors.values())}, "weight_map": weight_map}
+    with open(os.path.join(path, _INDEX_FILE), "w") as f:
+        json.dump(index, f, indent=2)
+    return ["config.json", *files, _INDEX_FILE]
+
+
+def config_from_model(model) -> ModelConfig:
+    """The ModelConfig of a DecoderLM / (graphdef, params) / Pretrained."""
+    if isinstance(model, Pretrained):
+        return model.config
+    if isinstance(model, tuple):
+        model = nnx.merge(*model)
+    return dataclasses.replace(model.config)
