@@ -9,8 +9,14 @@ def test_chain_structure_and_agent_names():
     assert flow.order == ("solver", "verifier", "corrector") and flow.agents == ("s", "v", "c")
     assert flow.upstream["corrector"] == ("solver", "verifier")
     assert [flow.turn[n] for n in flow.order] == [0, 1, 2]
-    assert flow.render_prompt("corrector", "12+7=", {"solver": NodeOutput("18", "18", "s", 0, ""),
-                                                     "verifier": NodeOutput("no", "N", "v", 0, "")}) == "12+7=18 N:"
+    assert (
+        flow.render_prompt(
+            "corrector",
+            "12+7=",
+            {"solver": NodeOutput("18", "18", "s", 0, ""), "verifier": NodeOutput("no", "N", "v", 0, "")},
+        )
+        == "12+7=18 N:"
+    )
     assert flow.max_prompt_chars(9) <= 32  # fits configs/tiny.py rollout.max_prompt_length
     custom = build_workflow("chain", templates={"verifier": "{prompt}{solver}?ok"})
     assert custom.nodes["verifier"].template == "{prompt}{solver}?ok"
@@ -51,21 +57,25 @@ def test_dag_from_plain_data():
         nodes=[{"agent": "planner"}, {"agent": "coder", "template": "{prompt}{planner}>"}],
         edges=[("planner", "coder")],
     )
-    assert flow.order == ("planner", "coder") and flow.answer({"coder": NodeOutput("x", "x", "c", 0, "")}) == "x"
+    assert (
+        flow.order == ("planner", "coder") and flow.answer({"coder": NodeOutput("x", "x", "c", 0, "")}) == "x"
+    )
     with pytest.raises(WorkflowError, match="names unknown agent/node 'tester'"):
         build_workflow("dag", nodes=[{"agent": "planner"}], edges=[{"src": "planner", "dst": "tester"}])
 
 
 @pytest.mark.parametrize(
     "name, kwargs, message",
-    [("tree", {}, r"unknown workflow 'tree'; allowed: \['chain', 'dag', 'debate', 'mixture'\]"),
-     ("chain", {"rounds": 2}, r"unknown options \['rounds'\]"),
-     ("chain", {"agents": ["a", "b"]}, "chain needs 3 agents"),
-     ("chain", {"templates": {"judge": "x"}}, r"unknown template keys \['judge'\]"),
-     ("chain", {"shaping_weights": {"bonus": 1.0}}, r"unknown shaping weights \['bonus'\]"),
-     ("chain", {"templates": {"verifier": "{prompt}{corrector}"}}, r"uses \{corrector\}"),
-     ("debate", {"rounds": 0}, "rounds=0"),
-     ("debate", {"aggregate": "mean"}, "aggregate='mean'")],
+    [
+        ("tree", {}, r"unknown workflow 'tree'; allowed: \['chain', 'dag', 'debate', 'mixture'\]"),
+        ("chain", {"rounds": 2}, r"unknown options \['rounds'\]"),
+        ("chain", {"agents": ["a", "b"]}, "chain needs 3 agents"),
+        ("chain", {"templates": {"judge": "x"}}, r"unknown template keys \['judge'\]"),
+        ("chain", {"shaping_weights": {"bonus": 1.0}}, r"unknown shaping weights \['bonus'\]"),
+        ("chain", {"templates": {"verifier": "{prompt}{corrector}"}}, r"uses \{corrector\}"),
+        ("debate", {"rounds": 0}, "rounds=0"),
+        ("debate", {"aggregate": "mean"}, "aggregate='mean'"),
+    ],
 )
 def test_bad_options_are_named(name, kwargs, message):
     with pytest.raises((ValueError, WorkflowError), match=message):

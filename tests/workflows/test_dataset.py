@@ -21,10 +21,13 @@ def test_loads_lines_with_line_numbers(tmp_path):
 
 @pytest.mark.parametrize(
     "bad, problem",
-    [("{not json", "invalid JSON"), ("[1, 2]", "expected a JSON object"),
-     (json.dumps({"prompt": "x"}), r"missing key\(s\) \['answer'\]"),
-     (json.dumps({"prompt": ["x"], "answer": "1"}), "'prompt' must be a string or number"),
-     (json.dumps({"prompt": "", "answer": "1"}), "'prompt' is empty")],
+    [
+        ("{not json", "invalid JSON"),
+        ("[1, 2]", "expected a JSON object"),
+        (json.dumps({"prompt": "x"}), r"missing key\(s\) \['answer'\]"),
+        (json.dumps({"prompt": ["x"], "answer": "1"}), "'prompt' must be a string or number"),
+        (json.dumps({"prompt": "", "answer": "1"}), "'prompt' is empty"),
+    ],
 )
 def test_malformed_line_names_its_line_number(tmp_path, bad, problem):
     path = write(tmp_path, GOOD[:2] + [bad] + GOOD[2:])

@@ -2,10 +2,21 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from flexmarl_jax.workflows.tasks import ArithmeticTask, CountdownTask, ReverseTask, build_task, solve_countdown
+from flexmarl_jax.workflows.tasks import (
+    ArithmeticTask,
+    CountdownTask,
+    ReverseTask,
+    build_task,
+    solve_countdown,
+)
 
-TASKS = [ArithmeticTask(), ArithmeticTask(max_digits=3, operators="+-*"), CountdownTask(),
-         CountdownTask(count_numbers=4, operators="+-*/"), ReverseTask()]
+TASKS = [
+    ArithmeticTask(),
+    ArithmeticTask(max_digits=3, operators="+-*"),
+    CountdownTask(),
+    CountdownTask(count_numbers=4, operators="+-*/"),
+    ReverseTask(),
+]
 
 
 @pytest.mark.parametrize("task", TASKS, ids=lambda t: repr(t))

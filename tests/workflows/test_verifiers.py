@@ -9,8 +9,20 @@ from flexmarl_jax.workflows import verifiers
 
 @pytest.mark.parametrize(
     "text, expected",
-    [("19", 19), (" 19\n", 19), ("answer: 19.", 19), ("-4", -4), ("1 9", 1), ("2.5", 2.5), ("\n\n7", 7),
-     ("", None), ("abc", None), (None, None), ("nan", None), ("1e999", None)],
+    [
+        ("19", 19),
+        (" 19\n", 19),
+        ("answer: 19.", 19),
+        ("-4", -4),
+        ("1 9", 1),
+        ("2.5", 2.5),
+        ("\n\n7", 7),
+        ("", None),
+        ("abc", None),
+        (None, None),
+        ("nan", None),
+        ("1e999", None),
+    ],
 )
 def test_parse_number_is_lenient(text, expected):
     assert verifiers.parse_number(text) == expected
@@ -32,14 +44,21 @@ def test_numeric_and_exact_match():
 
 @pytest.mark.parametrize(
     "text, value, numbers",
-    [("3*5+7", 22, [3, 5, 7]), ("(3+5)*7", 56, [3, 5, 7]), ("8/4-1", 1, [8, 4, 1]), ("3 x 4", 12, [3, 4]),
-     ("2+3=5", 5, [2, 3])],
+    [
+        ("3*5+7", 22, [3, 5, 7]),
+        ("(3+5)*7", 56, [3, 5, 7]),
+        ("8/4-1", 1, [8, 4, 1]),
+        ("3 x 4", 12, [3, 4]),
+        ("2+3=5", 5, [2, 3]),
+    ],
 )
 def test_evaluate_expression(text, value, numbers):
     assert verifiers.evaluate_expression(text) == (Fraction(value), numbers)
 
 
-@pytest.mark.parametrize("text", ["", "3+", "3/0", "(3+4", "3+4)", "a+b", "3++4", "(" * 100 + "1" + ")" * 100])
+@pytest.mark.parametrize(
+    "text", ["", "3+", "3/0", "(3+4", "3+4)", "a+b", "3++4", "(" * 100 + "1" + ")" * 100]
+)
 def test_evaluate_expression_rejects_malformed(text):
     assert verifiers.evaluate_expression(text) is None
 
