@@ -262,6 +262,16 @@ class ExperienceStore:
             return self._table(agent).counters()
         return {a: table.counters() for a, table in self._tables.items()}
 
+    def read_rows(
+        self, agent: str, sample_ids: Sequence[str] | None = None, *, columns: Sequence[str] | None = None
+    ) -> dict[str, object]:
+        """Current values of rows (all rows when ``sample_ids`` is None), for inspection and tests.
+
+        Returns {"sample_id", "group_id": lists; "state", "group_size": [rows]; "policy_versions":
+        {agent: [rows]}; "complete": {column: [rows] bool}} plus one entry per data column (a by-reference
+        value never set is None)."""
+        return self._table(agent).read_rows(sample_ids, columns)
+
     def row_states(self, agent: str, sample_ids: Sequence[str]) -> list[RowState]:
         return self._table(agent).row_states(sample_ids)
 

@@ -369,6 +369,8 @@ class AgentTable:
         for name, column_refs in refs.items():
             itemsize = self.specs[name].dtype.itemsize
             for blob_id in np.unique(column_refs[:, 0]).tolist():
+                if blob_id == 0:  # never set: the value stays None
+                    continue
                 in_blob = column_refs[column_refs[:, 0] == blob_id]
                 low = int(in_blob[:, 1].min())
                 high = int((in_blob[:, 1] + in_blob[:, 2]).max())
@@ -387,6 +389,8 @@ class AgentTable:
             spec = self.specs[name]
             values: list = [None] * len(column_refs)
             for blob_id in np.unique(column_refs[:, 0]).tolist():
+                if blob_id == 0:
+                    continue
                 low, raw = reads[name, blob_id]
                 if not isinstance(raw, bytes):
                     result = raw.result()
@@ -457,6 +461,32 @@ class AgentTable:
                 current, max_staleness = np.full(len(self._agent_position), 2**40), 2**61
             groups = self._index.claimable_groups(current, max_staleness)
             return [self._index.group_ids[g] for g in groups.tolist()]
+
+    def read_rows(self, sample_ids: Sequence[str] | None, columns: Sequence[str] | None) -> dict[str, object]:
+        names = list(self.data_specs) if columns is None else list(columns)
+        unknown = [name for name in names if name not in self.data_specs]
+        if unknown:
+            raise ValueError(
+                f"column(s) {unknown} are not data columns of {self.agent!r}: {list(self.data_specs)}"
+            )
+        with self._cond:
+            index = self._index
+            if sample_ids is None:
+                rows = np.arange(index.num_rows)
+            else:
+                rows = index.rows_of(list(sample_ids))
+            out: dict[str, object] = {
+                "sample_id": [index.sample_ids[r] for r in rows.tolist()],
+                "group_id": [index.group_ids[g] for g in index.group[rows].tolist()],
+                "state": index.state[rows].copy(),
+                "group_size": index.group_size[index.group[rows]].copy(),
+                "policy_versions": {a: index.versions[rows, i] for a, i in self._agent_position.items()},
+                "complete": {n: index.status[rows, index.data_position[n]] for n in names},
+            }
+            out.update({n: index.scalars[n][rows] for n in names if n in index.scalars})
+            refs = {n: index.refs[n][rows] for n in names if n in index.refs}
+        out.update(self._read_refs(refs))
+        return out
 
     def row_states(self, sample_ids: Sequence[str]) -> list[RowState]:
         with self._cond:
