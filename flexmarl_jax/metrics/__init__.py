@@ -37,11 +37,13 @@ Usage::
             with timeline.busy("train/slice0", "train", agent="solver"):
                 trainer.accumulate(micro_batch)
             timeline.record_policy_version("solver", version)
+            with timeline.busy("train/slice0", "sync", agent="solver"):
+                push_weights_to_rollout(...)
             t1 = timeline.now()
             record = {
                 "iteration": iteration, "team_accuracy": accuracy, "e2e_s": t1 - t0,
-                "rollout_s": ..., "train_s": ..., "sync_s": ..., "other_s": ...,
-                "tokens_per_s": timeline.counter_total(metrics.GENERATED_TOKENS, t0=t0, t1=t1) / (t1 - t0),
+                **timeline.time_split(t0, t1),  # rollout_s, train_s, sync_s, other_s (sum = e2e_s)
+                "tokens_per_s": timeline.counter_rate(metrics.GENERATED_TOKENS, t0, t1),
                 "utilization": timeline.utilization_report(t0, t1),  # {"rollout": .., "train": .., ...}
                 "agent": {"solver": {"reward": r, "accuracy": a, "kl": kl, "clip_frac": c, "entropy": h}},
             }
@@ -56,6 +58,7 @@ Usage::
 from flexmarl_jax.metrics.jsonable import flatten, to_jsonable
 from flexmarl_jax.metrics.progress import IterationProgress, print_summary, summary_table
 from flexmarl_jax.metrics.timeline import (
+    DEFAULT_TIME_SPLIT,
     GENERATED_TOKENS,
     INSTANCES,
     KNOWN_KINDS,
@@ -74,6 +77,7 @@ from flexmarl_jax.metrics.timeline import (
 from flexmarl_jax.metrics.writer import METRICS_FILENAME, TENSORBOARD_DIRNAME, MetricsWriter, read_metrics
 
 __all__ = [
+    "DEFAULT_TIME_SPLIT",
     "GENERATED_TOKENS",
     "INSTANCES",
     "KNOWN_KINDS",

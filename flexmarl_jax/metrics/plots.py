@@ -236,10 +236,8 @@ def plot_gantt(
         raise ValueError(f"color_by={color_by!r} is not allowed; use 'agent' or 'kind'")
     timeline = _as_timeline(timeline)
     out_dir = _ensure_dir(out_dir)
-    intervals = timeline.intervals()
-    if t0 is not None or t1 is not None:
-        low, high = t0 if t0 is not None else -np.inf, t1 if t1 is not None else np.inf
-        intervals = [i for i in intervals if i.end >= low and i.start <= high]
+    low, high = _plot_window(timeline, t0, t1)
+    intervals = [i for i in timeline.intervals() if i.end >= low and i.start <= high]
     group_order = {group: index for index, group in enumerate(["rollout", "train", *timeline.groups()])}
     resources = sorted(timeline.resources, key=lambda r: (group_order[resource_group(r)], _natural_key(r)))
     row_of = {resource: index for index, resource in enumerate(resources)}
@@ -278,7 +276,8 @@ def plot_gantt(
             legend += [Patch(color=kind_color(k, strip=True), label=f"strip: {k}") for k in kinds]
         else:
             legend += [Patch(color=kind_color(k), label=k) for k in kinds]
-        legend += _draw_gantt_events(axes, timeline, row_of, colors if color_by == "agent" else None, t0, t1)
+        palette = colors if color_by == "agent" else None
+        legend += _draw_gantt_events(axes, timeline, row_of, palette, low, high)
 
         for index in range(1, len(resources)):  # a rule between groups (rollout | train)
             if resource_group(resources[index]) != resource_group(resources[index - 1]):
@@ -286,13 +285,14 @@ def plot_gantt(
         axes.set_yticks(range(len(resources)), resources)
         axes.set_ylim(len(resources) - 0.5, -0.9)  # first resource on top; room for version labels
         axes.grid(axis="y", visible=False)
-        end = t1 if t1 is not None else max(timeline.end_time(), 1e-9)
-        axes.set_xlim(t0 if t0 is not None else 0.0, end)
+        axes.set_xlim(low, high)
         axes.set_xlabel("time (s)")
         title = "Resource activity"
         if resources:
-            pooled = ", ".join(f"{g} {timeline.group_utilization(g, t0, end):.0%}" for g in timeline.groups())
-            title += f" — utilization {pooled}" if end > (t0 or 0.0) else ""
+            pooled = ", ".join(
+                f"{g} {timeline.group_utilization(g, low, high):.0%}" for g in timeline.groups()
+            )
+            title += f" — utilization over [{low:.4g}, {high:.4g}] s: {pooled}"
         axes.set_title(title)
         if legend:
             axes.legend(handles=legend, loc="upper left", bbox_to_anchor=(1.01, 1.0))
@@ -301,10 +301,9 @@ def plot_gantt(
         return [_save(figure, out_dir / filename)]
 
 
-def _draw_gantt_events(axes, timeline: Timeline, row_of: dict[str, int], agent_palette, t0, t1) -> list:
+def _draw_gantt_events(axes, timeline: Timeline, row_of: dict[str, int], agent_palette, low, high) -> list:
     """Migration triangles (filled with the receiving agent's colour when `agent_palette` is given) and
     one dashed line per policy-version update instant; returns legend handles."""
-    low, high = t0 if t0 is not None else -np.inf, t1 if t1 is not None else np.inf
     legend = []
     migrations = [e for e in timeline.events(MIGRATION) if low <= e.time <= high and e.resource in row_of]
     if migrations:
@@ -332,21 +331,24 @@ def _draw_gantt_events(axes, timeline: Timeline, row_of: dict[str, int], agent_p
             )
         )
     versions = [e for e in timeline.events(POLICY_VERSION) if low <= e.time <= high]
-    last_time = None
+    last_line = last_label = None
     for event in versions:
         # All agents usually update together; draw one line per instant, not one per agent.
-        if last_time is not None and event.time - last_time < 1e-3:
+        if last_line is not None and event.time - last_line < 1e-3:
             continue
-        last_time = event.time
+        last_line = event.time
         axes.axvline(event.time, color="#525252", linestyle="--", linewidth=0.9, zorder=4)
+        if last_label is not None and event.time - last_label < 0.03 * (high - low):
+            continue  # labels this close would overprint each other
+        last_label = event.time
         axes.text(
             event.time,
             -0.55,
-            f" v{event.attrs.get('version', '?')}",
+            f" v{event.attrs.get('version', '?')} ",
             fontsize=7,
             color="#252525",
             va="center",
-            ha="left",
+            ha="right" if event.time > low + 0.95 * (high - low) else "left",  # stay inside the axes
         )
     if versions:
         legend.append(Line2D([], [], color="#525252", linestyle="--", label="policy version update"))
@@ -365,7 +367,7 @@ def plot_load(timeline: Timeline | PathLike, out_dir: PathLike, *, filename: str
     queues = timeline.gauge(QUEUE_LENGTH)
     instances = timeline.gauge(INSTANCES)
     colors = agent_colors(_timeline_agents(timeline))
-    end = max(timeline.end_time(), 1e-9)
+    start, end = _plot_window(timeline, None, None)
 
     with matplotlib.rc_context(_STYLE):
         figure = Figure(figsize=(13, 10), layout="constrained")
@@ -399,7 +401,7 @@ def plot_load(timeline: Timeline | PathLike, out_dir: PathLike, *, filename: str
                 linewidth=1.6,
                 label=agent,
             )
-        _finish_time_axes(cumulative_axes, "Cumulative requests", "requests", bool(requests), end)
+        _finish_time_axes(cumulative_axes, "Cumulative requests", "requests", bool(requests), start, end)
 
         for agent, (times, values) in sorted(queues.items()):
             queue_axes.step(
@@ -410,7 +412,7 @@ def plot_load(timeline: Timeline | PathLike, out_dir: PathLike, *, filename: str
                 linewidth=1.4,
                 label=agent,
             )
-        _finish_time_axes(queue_axes, "Queue length per agent", "waiting requests", bool(queues), end)
+        _finish_time_axes(queue_axes, "Queue length per agent", "waiting requests", bool(queues), start, end)
 
         if instances:
             grid_times, stacked = _forward_filled(instances, end)
@@ -430,7 +432,7 @@ def plot_load(timeline: Timeline | PathLike, out_dir: PathLike, *, filename: str
         if migrations:
             instance_axes.plot([], [], color="black", linestyle=":", label=f"migration ({len(migrations)})")
         _finish_time_axes(
-            instance_axes, "Rollout instances per agent (stacked)", "instances", bool(instances), end
+            instance_axes, "Rollout instances per agent (stacked)", "instances", bool(instances), start, end
         )
         instance_axes.set_xlabel("time (s)")
         figure.suptitle("Per-agent rollout load", fontweight="bold")
@@ -447,10 +449,10 @@ def _forward_filled(series: dict[str, tuple[np.ndarray, np.ndarray]], end: float
     return grid, filled
 
 
-def _finish_time_axes(axes, title: str, ylabel: str, has_data: bool, end: float) -> None:
+def _finish_time_axes(axes, title: str, ylabel: str, has_data: bool, start: float, end: float) -> None:
     axes.set_title(title)
     axes.set_ylabel(ylabel)
-    axes.set_xlim(0, end)
+    axes.set_xlim(start, end)
     axes.set_ylim(bottom=0)
     if not has_data:
         _no_data(axes)
@@ -482,6 +484,13 @@ def plot_all(
 
 def _as_timeline(timeline: Timeline | PathLike) -> Timeline:
     return timeline if isinstance(timeline, Timeline) else Timeline.load(timeline)
+
+
+def _plot_window(timeline: Timeline, t0: float | None, t1: float | None) -> tuple[float, float]:
+    """[t0, t1], defaulting to the recorded span (not time 0: start-up before the first record is empty)."""
+    low = timeline.start_time() if t0 is None else t0
+    high = timeline.end_time() if t1 is None else t1
+    return low, high if high > low else low + 1.0
 
 
 def _timeline_agents(timeline: Timeline) -> set[str]:

@@ -94,6 +94,14 @@ def resource_group(resource: str) -> str:
     return resource.split("/", 1)[0]
 
 
+# Priority order for `Timeline.time_split`: which activity an instant of wall time is charged to.
+DEFAULT_TIME_SPLIT: Mapping[str, Callable[[BusyInterval], bool]] = {
+    "sync_s": lambda interval: interval.kind == "sync",
+    "rollout_s": lambda interval: interval.group == "rollout",
+    "train_s": lambda interval: interval.group == "train",
+}
+
+
 def union_length(intervals: Iterable[tuple[float, float]], t0: float, t1: float) -> float:
     """Length of the union of `(start, end)` intervals after clipping each to [t0, t1]."""
     clipped = sorted((max(start, t0), min(end, t1)) for start, end in intervals)
@@ -291,6 +299,15 @@ class Timeline:
         with self._lock:
             return list(dict.fromkeys(sample.key for sample in self._counters if sample.series == series))
 
+    def start_time(self) -> float:
+        """The earliest recorded time (interval start, event or sample); 0.0 for an empty timeline."""
+        with self._lock:
+            times = [interval.start for group in self._intervals.values() for interval in group]
+            times += [interval.start for interval in self._open.values()]
+            times += [event.time for event in self._events]
+            times += [sample.time for sample in itertools.chain(self._gauges, self._counters)]
+        return min(times, default=0.0)
+
     def end_time(self) -> float:
         """The latest recorded time (interval end, event or sample); now() while a busy() block is open."""
         with self._lock:
@@ -337,6 +354,38 @@ class Timeline:
         report["all"] = sum(per_resource.values()) / len(per_resource) if per_resource else 0.0
         report["resources"] = per_resource
         return report
+
+    def time_split(
+        self,
+        t0: float,
+        t1: float,
+        categories: Mapping[str, Callable[[BusyInterval], bool]] | None = None,
+    ) -> dict[str, float]:
+        """Split the wall time [t0, t1] into categories that sum exactly to t1 - t0.
+
+        Each instant goes to the first category (in `categories` order) with a matching interval active
+        then; instants with none go to `other_s`. The default order is `DEFAULT_TIME_SPLIT`: weight sync,
+        then rollout, then training, so `train_s` is the training time *not* hidden behind rollout (the part
+        that lengthens an iteration) and `rollout_s + train_s + sync_s + other_s == e2e_s`.
+        """
+        t0, t1 = self._window(t0, t1)
+        categories = DEFAULT_TIME_SPLIT if categories is None else categories
+        intervals = self.intervals(include_open=True)
+        split: dict[str, float] = {}
+        covered: list[tuple[float, float]] = []
+        covered_length = 0.0
+        for name, matches in categories.items():
+            covered += [(i.start, i.end) for i in intervals if matches(i)]
+            now_covered = union_length(covered, t0, t1)
+            split[name] = now_covered - covered_length
+            covered_length = now_covered
+        split["other_s"] = (t1 - t0) - covered_length
+        return split
+
+    def counter_rate(self, series: str, t0: float, t1: float, key: str | None = None) -> float:
+        """Counter increase per second over [t0, t1], e.g. generated tokens/s."""
+        t0, t1 = self._window(t0, t1)
+        return self.counter_total(series, key, t0, t1) / (t1 - t0)
 
     # ------------------------------------------------------------------ persistence
 

@@ -54,6 +54,33 @@ def test_pooled_group_utilization_counts_declared_idle_resources():
     assert timeline.groups() == ["rollout", "train"]
 
 
+def test_time_split_charges_each_instant_once_and_sums_to_the_window():
+    serial = metrics.Timeline()
+    serial.add_interval("rollout/instance0", 0, 6, "decode", "solver")
+    serial.add_interval("train/slice0", 6, 9, "train", "solver")
+    serial.add_interval("train/slice0", 9, 9.5, "sync", "solver")
+    assert serial.time_split(0, 10) == pytest.approx(
+        {"sync_s": 0.5, "rollout_s": 6.0, "train_s": 3.0, "other_s": 0.5}
+    )
+    # Pipelined: training overlaps rollout; only its exposed tail (8..10) counts as train_s.
+    pipelined = metrics.Timeline()
+    pipelined.add_interval("rollout/instance0", 0, 5, "decode", "solver")
+    pipelined.add_interval("rollout/instance1", 3, 8, "decode", "planner")
+    pipelined.add_interval("train/slice0", 2, 10, "train", "solver")
+    pipelined.add_interval("train/slice0", 10, 11, "sync")
+    split = pipelined.time_split(0, 12)
+    assert split == pytest.approx({"sync_s": 1.0, "rollout_s": 8.0, "train_s": 2.0, "other_s": 1.0})
+    assert sum(split.values()) == pytest.approx(12.0)
+    custom = pipelined.time_split(0, 12, {"train_s": lambda i: i.group == "train"})
+    assert custom == pytest.approx({"train_s": 9.0, "other_s": 3.0})
+
+    pipelined.increment(metrics.GENERATED_TOKENS, "solver", 600, time=1.0)
+    pipelined.increment(metrics.GENERATED_TOKENS, "planner", 300, time=7.0)
+    pipelined.increment(metrics.GENERATED_TOKENS, "planner", 999, time=13.0)  # outside the window
+    assert pipelined.counter_rate(metrics.GENERATED_TOKENS, 0, 12) == pytest.approx(900 / 12)
+    assert pipelined.counter_rate(metrics.GENERATED_TOKENS, 0, 12, key="planner") == pytest.approx(300 / 12)
+
+
 @settings(max_examples=150, deadline=None)
 @given(
     spans=st.lists(st.tuples(st.integers(0, 40), st.integers(0, 15)), max_size=12),

@@ -43,6 +43,7 @@ def test_jsonl_round_trip_converts_numpy_and_jax_values(tmp_path):
         "lengths": np.array([3, 4, 5], dtype=np.int32),
         "kl": float("nan"),
         "done": np.bool_(True),
+        "loss_bf16": jnp.array(0.5, dtype=jnp.bfloat16),
         "mode": "flexmarl",
         "agent": {"solver": {"reward": np.float64(0.75), "clip_frac": jnp.float32(0.125)}},
     }
@@ -58,6 +59,7 @@ def test_jsonl_round_trip_converts_numpy_and_jax_values(tmp_path):
         "lengths": [3, 4, 5],
         "kl": None,  # NaN is not JSON
         "done": True,
+        "loss_bf16": 0.5,
         "mode": "flexmarl",
         "agent": {"solver": {"reward": 0.75, "clip_frac": 0.125}},
     }
