@@ -4,7 +4,12 @@ Pure Python (no JAX): the executor talks to a `GenerationBackend` (the rollout e
 in tests) and hands every agent call to an `ExperienceSink` (the orchestrator maps it into the store).
 """
 
-from flexmarl_jax.workflows.builtin import WORKFLOW_BUILDERS, build_workflow, register_workflow
+from flexmarl_jax.workflows.builtin import (
+    WORKFLOW_BUILDERS,
+    build_workflow,
+    build_workflow_for_agents,
+    register_workflow,
+)
 from flexmarl_jax.workflows.dataset import DatasetError, JsonlTask, read_jsonl_records
 from flexmarl_jax.workflows.executor import (
     AgentLoad,
@@ -35,6 +40,7 @@ from flexmarl_jax.workflows.tasks import (
     ReverseTask,
     Task,
     build_task,
+    resolve_task,
 )
 
 __all__ = [
@@ -73,6 +79,8 @@ __all__ = [
     "allocate_rewards",
     "build_task",
     "build_workflow",
+    "build_workflow_for_agents",
     "read_jsonl_records",
     "register_workflow",
+    "resolve_task",
 ]

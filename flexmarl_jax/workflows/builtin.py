@@ -166,7 +166,7 @@ def debate(
     templates: Mapping[str, str] | None = None,
     team_weight: float = 1.0,
     shaping_weights: Mapping[str, float] | None = None,
-    max_field_chars: int | None = 8,
+    max_field_chars: int | None = 6,
 ) -> Workflow:
     """N debaters for R rounds; round r > 0 sees all round r-1 answers ({inputs}, in agent order).
 
@@ -243,7 +243,7 @@ def mixture(
     templates: Mapping[str, str] | None = None,
     team_weight: float = 1.0,
     shaping_weights: Mapping[str, float] | None = None,
-    max_field_chars: int | None = 8,
+    max_field_chars: int | None = 6,
 ) -> Workflow:
     """k proposers answer independently; the aggregator sees their answers ({inputs}) and gives the final one.
 
@@ -341,3 +341,23 @@ def dag(
         reward_weights=RewardWeights(team_weight, {"own_answer_correct": own_answer_weight}),
         max_field_chars=max_field_chars,
     )
+
+
+def build_workflow_for_agents(name: str, agent_names: Sequence[str], **kwargs: Any) -> Workflow:
+    """A built-in workflow whose roles are filled, in order, by the configured agents.
+
+    chain: (solver, verifier, corrector). debate: all debaters, or debaters + judge (last) when
+    aggregate="judge". mixture: proposers + aggregator (last). dag: names are not needed.
+    """
+    names = list(agent_names)
+    if name == "chain":
+        return build_workflow(name, agents=names, **kwargs)
+    if name == "debate":
+        if kwargs.get("aggregate") == "judge":
+            return build_workflow(name, agents=names[:-1], judge=names[-1], **kwargs)
+        return build_workflow(name, agents=names, **kwargs)
+    if name == "mixture":
+        if len(names) < 2:
+            raise WorkflowError(f"mixture needs >= 2 agents (proposers..., aggregator), got {names}")
+        return build_workflow(name, proposers=names[:-1], aggregator=names[-1], **kwargs)
+    return build_workflow(name, **kwargs)

@@ -251,6 +251,13 @@ def build_task(name: str, **kwargs: Any) -> Task:
     return builder(**kwargs)
 
 
+def resolve_task(spec: str, **kwargs: Any) -> Task:
+    """`config.workflow.task`: a registered task name, or a path ending in .jsonl (kwargs: verifier, ...)."""
+    if spec.endswith(".jsonl"):
+        return build_task("jsonl", path=spec, **kwargs)
+    return build_task(spec, **kwargs)
+
+
 def solve_countdown(numbers: tuple[int, ...], target: int) -> str | None:
     """Brute-force one left-to-right expression reaching target (used by scripted oracle policies)."""
     for order in itertools.permutations(numbers):

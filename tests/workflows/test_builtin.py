@@ -80,3 +80,21 @@ def test_dag_from_plain_data():
 def test_bad_options_are_named(name, kwargs, message):
     with pytest.raises((ValueError, WorkflowError), match=message):
         build_workflow(name, **kwargs)
+
+
+def test_roles_filled_from_configured_agent_names():
+    from flexmarl_jax.workflows.builtin import build_workflow_for_agents
+
+    assert build_workflow_for_agents("chain", ["s", "v", "c"]).agents == ("s", "v", "c")
+    judged = build_workflow_for_agents("debate", ["a", "b", "j"], aggregate="judge", rounds=1)
+    assert judged.nodes["judge"].agent == "j" and judged.agents == ("a", "b", "j")
+    mixture = build_workflow_for_agents("mixture", ["p", "q", "agg"])
+    assert mixture.nodes["aggregator"].agent == "agg" and mixture.agents == ("p", "q", "agg")
+    with pytest.raises(WorkflowError, match="mixture needs >= 2 agents"):
+        build_workflow_for_agents("mixture", ["p"])
+
+
+def test_default_prompts_fit_the_tiny_config():
+    # configs/tiny.py: rollout.max_prompt_length = 32 tokens (incl. BOS); task prompts are <= 9 chars.
+    for name in ("chain", "debate", "mixture"):
+        assert build_workflow(name).max_prompt_chars(max_query_chars=9) + 1 <= 32, name

@@ -81,3 +81,13 @@ def test_build_task_registry():
         build_task("sudoku")
     with pytest.raises(ValueError, match=r"unknown options \['digits'\]"):
         build_task("arithmetic", digits=3)
+
+
+def test_resolve_task_accepts_names_and_jsonl_paths(tmp_path):
+    from flexmarl_jax.workflows.tasks import resolve_task
+
+    assert resolve_task("reverse").name == "reverse"
+    path = tmp_path / "mine.jsonl"
+    path.write_text('{"prompt": "1+1=", "answer": "2"}\n')
+    task = resolve_task(str(path), verifier="numeric")
+    assert task.verify(task.generate(1, seed=0)[0], "2.0")
