@@ -96,12 +96,8 @@ class _Query:
     def __init__(self, index: int, problem: Problem, samples: int):
         self.index, self.problem = index, problem
         self.trajectories = [_Trajectory(self, trajectory_id) for trajectory_id in range(samples)]
-        self.resolved: collections.Counter[str] = (
-            collections.Counter()
-        )  # node -> trajectories done or skipped
-        self.produced: collections.Counter[str] = (
-            collections.Counter()
-        )  # node -> trajectories that made the call
+        # node -> how many trajectories are past it (call done or skipped); n means the group is final.
+        self.resolved: collections.Counter[str] = collections.Counter()
         self.finished = 0
 
 
@@ -167,7 +163,10 @@ class WorkflowExecutor:
 
     # ------------------------------------------------------------------------------------------ public
     def run(self, problems: Sequence[Problem], sink: ExperienceSink | None = None) -> RunResult:
-        """Run every problem x samples_per_query trajectories to the end; blocks until all are finished."""
+        """Run every problem x samples_per_query trajectories to the end; blocks until all are finished.
+
+        One `run` at a time per executor (it keeps per-run state); sink calls happen on this thread.
+        """
         ids = [p.input_id for p in problems]
         if len(set(ids)) != len(ids) or any("_" in i for i in ids):
             raise ValueError("problem input_ids must be unique and contain no '_' (sample ids split on it)")
@@ -186,6 +185,15 @@ class WorkflowExecutor:
         else:
             self._run_staged()
         wall_time_s = time.monotonic() - start
+        logger.debug(
+            "%s run (%s): %d queries x %d samples in %.3f s, calls per agent %s",
+            self.workflow.name,
+            self.mode,
+            len(problems),
+            self.samples_per_query,
+            wall_time_s,
+            {agent: load.calls for agent, load in self._load.items()},
+        )
         position = {input_id: index for index, input_id in enumerate(ids)}
         self._results.sort(key=lambda r: (position[r.input_id], r.trajectory_id))
         return RunResult(
@@ -373,7 +381,6 @@ class WorkflowExecutor:
         """Count one more trajectory past `node`; close the node's group once all n are past it."""
         query.resolved[node] += 1
         trajectory_made_call = sum(1 for t in query.trajectories if t.state.get(node) == "done")
-        query.produced[node] = trajectory_made_call
         if query.resolved[node] == self.samples_per_query and trajectory_made_call and self._sink is not None:
             agent = self.workflow.nodes[node].agent
             self._sink.close_group(

@@ -67,12 +67,10 @@ def test_order_levels_turns_and_ancestors():
     )
     assert flow_short.render_prompt("d", "Q=", outputs) == "Q=BBBCCC"
     assert flow_short.max_prompt_chars(max_query_chars=2) == 8
-    assert (
-        make([Node("a", "x"), Node("b", "y", "{prompt}{inputs}|")], [Edge("a", "b")]).render_prompt(
-            "b", "Q", {"a": NodeOutput(" raw\ntext ", None, "x", 0, "")}
-        )
-        == "Qraw text|"
-    )  # unparsed: raw text
+    # An unparsed upstream output shows as its raw text, newlines flattened.
+    flow_raw = make([Node("a", "x"), Node("b", "y", "{prompt}{inputs}|")], [Edge("a", "b")])
+    unparsed = {"a": NodeOutput(" raw\ntext ", None, "x", 0, "")}
+    assert flow_raw.render_prompt("b", "Q", unparsed) == "Qraw text|"
 
 
 def test_conditions_and_verdict_parser():
