@@ -12,7 +12,7 @@ JSON keys:
   ideal_speedup               the same ratio from the scripted latencies alone (no scheduling overhead);
                               ideal_staged_s / ideal_dependency_s are its totals
   staged_s, dependency_s      per-repeat wall times
-  load                        per-agent requests/calls/skipped/tokens of the last dependency-driven batch
+  load                        per-agent requests/calls/skipped/tokens, summed over dependency-driven batches
 """
 
 from __future__ import annotations
@@ -83,7 +83,8 @@ def run(args: argparse.Namespace) -> dict:
     task = build_task(args.task)
     times = {"staged": [], "dependency": []}
     ideal = {"staged": 0.0, "dependency": 0.0}
-    load, accuracy = None, []
+    load: dict[str, dict[str, int]] = {agent: {} for agent in workflow.agents}
+    accuracy = []
     for repeat in range(args.repeats):
         problems = task.generate(args.queries, seed=args.seed + repeat)
         with make_backend(workflow, task, problems, args, seed=args.seed + repeat) as backend:
@@ -96,15 +97,18 @@ def run(args: argparse.Namespace) -> dict:
                 result = executor.run(problems, InMemorySink())
                 times[mode].append(result.wall_time_s)
                 if mode == "dependency":
-                    load, share = result.load, result.request_share()
+                    for agent, agent_load in result.load.items():
+                        for key, value in dataclasses.asdict(agent_load).items():
+                            load[agent][key] = load[agent].get(key, 0) + value
                     accuracy.append(result.accuracy)
                     # Events of this mode only: both modes issue identical request ids and latencies.
                     staged_ideal, dependency_ideal = ideal_times(backend.events, workflow, result)
                     ideal["staged"] += staged_ideal
                     ideal["dependency"] += dependency_ideal
+    total_calls = sum(agent_load["calls"] for agent_load in load.values())
     return {
         "dependency_driven_speedup": sum(times["staged"]) / sum(times["dependency"]),
-        "agent_request_share": share,
+        "agent_request_share": {agent: load[agent]["calls"] / total_calls for agent in load},
         "ideal_speedup": ideal["staged"] / ideal["dependency"],
         "ideal_staged_s": ideal["staged"],
         "ideal_dependency_s": ideal["dependency"],
@@ -113,7 +117,7 @@ def run(args: argparse.Namespace) -> dict:
         "median_staged_s": statistics.median(times["staged"]),
         "median_dependency_s": statistics.median(times["dependency"]),
         "final_answer_accuracy": statistics.mean(accuracy),
-        "load": {agent: dataclasses.asdict(agent_load) for agent, agent_load in load.items()},
+        "load": load,
         "config": {key: value for key, value in vars(args).items() if key != "json"},
     }
 
@@ -137,7 +141,7 @@ def print_report(result: dict) -> None:
         )
     table.add_row("ideal (latencies only)", "", "", "", f"{result['ideal_speedup']:.2f}x")
     console.print(table)
-    agents = Table(title="per-agent load (one dependency-driven batch)")
+    agents = Table(title="per-agent load (all dependency-driven batches)")
     for column in ("agent", "requests", "calls", "skipped", "prompt tok", "completion tok", "call share"):
         agents.add_column(column, justify="right")
     for agent, load in result["load"].items():

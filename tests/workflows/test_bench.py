@@ -41,8 +41,8 @@ def test_bench_writes_the_documented_keys(tmp_path, workflow):
     assert result["ideal_staged_s"] >= result["ideal_dependency_s"] > 0
     assert len(result["staged_s"]) == len(result["dependency_s"]) == 2
     if workflow == "chain":
-        assert load["solver"]["calls"] == 6  # the last batch: 3 queries x 2 samples
-        assert load["corrector"]["calls"] + load["corrector"]["skipped"] == 6
+        assert load["solver"]["calls"] == 12  # 2 batches x 3 queries x 2 samples
+        assert load["corrector"]["calls"] + load["corrector"]["skipped"] == 12
 
 
 def test_bench_rejects_bad_arguments(capsys):
