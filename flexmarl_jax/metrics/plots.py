@@ -1,8 +1,7 @@
 """PNG plots of a run: learning curves, time breakdown, a Gantt chart of resource activity, per-agent load.
 
 Every function takes data (records / a `Timeline`) or paths, writes PNGs into `out_dir` and returns the
-paths it wrote. Figures are drawn with matplotlib's object API on the Agg canvas (no pyplot global state),
-so plotting works headless and from any thread.
+paths it wrote. `plot_all(workdir)` replots a run from its `metrics.jsonl` and `timeline.json`.
 
 Per-agent metrics are found under `agent/<name>/<metric>` (or `agents/...`) after flattening, i.e. either
 `{"agent": {"solver": {"reward": 0.5}}}` or `{"agent/solver/reward": 0.5}` in a record.
@@ -12,82 +11,38 @@ from __future__ import annotations
 
 import os
 import re
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-import matplotlib
+import numpy as np
+from matplotlib import rc_context
+from matplotlib.figure import Figure
+from matplotlib.lines import Line2D
 
-matplotlib.use("Agg")  # headless: set before anything else pulls in a GUI backend
-
-import numpy as np  # noqa: E402
-from matplotlib.figure import Figure  # noqa: E402
-from matplotlib.lines import Line2D  # noqa: E402
-from matplotlib.patches import Patch  # noqa: E402
-
-from flexmarl_jax.metrics.jsonable import flatten  # noqa: E402
-from flexmarl_jax.metrics.timeline import (  # noqa: E402
-    INSTANCES,
-    KNOWN_KINDS,
-    MIGRATION,
-    POLICY_VERSION,
-    QUEUE_LENGTH,
-    REQUESTS,
-    TIMELINE_FILENAME,
-    Timeline,
-    resource_group,
+from flexmarl_jax.metrics.jsonable import flatten
+from flexmarl_jax.metrics.plot_style import (
+    STYLE,
+    PathLike,
+    agent_colors,
+    draw_no_data,
+    ensure_dir,
+    kind_color,
+    save_figure,
 )
-from flexmarl_jax.metrics.writer import read_metrics  # noqa: E402
+from flexmarl_jax.metrics.timeline import TIMELINE_FILENAME, Timeline
+from flexmarl_jax.metrics.timeline_plots import plot_gantt, plot_load
+from flexmarl_jax.metrics.writer import read_metrics
 
-PathLike = str | os.PathLike[str]
+__all__ = ["agent_colors", "kind_color", "plot_all", "plot_curves", "plot_gantt", "plot_load"]
+
 _AGENT_KEY = re.compile(r"^agents?/([^/]+)/(.+)$")
-_KIND_COLORS = {
-    "prefill": "#8c6bb1",
-    "decode": "#41ab5d",
-    "train": "#2171b5",
-    "sync": "#fd8d3c",
-    "swap": "#969696",
-}
-# Kind strips under agent-coloured bars: greys and hues that tab10's agent colours don't use.
-_KIND_STRIP_COLORS = {
-    "prefill": "#000000",
-    "decode": "#b0b0b0",
-    "train": "#606060",
-    "sync": "#e7298a",
-    "swap": "#e6ab02",
-}
 _TIME_PARTS = (
     ("rollout_s", "rollout", "#41ab5d"),
     ("train_s", "train", "#2171b5"),
     ("sync_s", "weight sync", "#fd8d3c"),
     ("other_s", "other", "#bdbdbd"),
 )
-_STYLE = {
-    "axes.grid": True,
-    "grid.alpha": 0.3,
-    "grid.linestyle": "-",
-    "axes.spines.top": False,
-    "axes.spines.right": False,
-    "axes.titleweight": "bold",
-    "axes.titlesize": 11,
-    "axes.labelsize": 10,
-    "legend.fontsize": 8,
-    "legend.frameon": False,
-    "figure.dpi": 110,
-}
-
-
-def agent_colors(agents: Iterable[str]) -> dict[str, str]:
-    """A stable colour per agent: the same agent name gets the same colour in every plot of a run."""
-    palette = [matplotlib.colors.to_hex(color) for color in matplotlib.colormaps["tab10"].colors]
-    return {agent: palette[index % len(palette)] for index, agent in enumerate(sorted(set(agents)))}
-
-
-def kind_color(kind: str, *, strip: bool = False) -> str:
-    return (_KIND_STRIP_COLORS if strip else _KIND_COLORS).get(kind, "#737373")
-
-
-# --------------------------------------------------------------------------- learning curves
 
 
 def plot_curves(metrics: PathLike | Sequence[Mapping[str, Any]], out_dir: PathLike) -> list[Path]:
@@ -98,7 +53,7 @@ def plot_curves(metrics: PathLike | Sequence[Mapping[str, Any]], out_dir: PathLi
       out_dir: where `curves.png`, `train_stats.png` and `time_breakdown.png` go (each only if it has data).
     """
     records = read_metrics(metrics) if isinstance(metrics, (str, os.PathLike)) else list(metrics)
-    out_dir = _ensure_dir(out_dir)
+    out_dir = ensure_dir(out_dir)
     rows = sorted((flatten(record) for record in records), key=lambda row: row.get("iteration", 0))
     if not rows:
         return []
@@ -111,7 +66,7 @@ def plot_curves(metrics: PathLike | Sequence[Mapping[str, Any]], out_dir: PathLi
     if any(
         _series(rows, team) is not None or _agent_series(rows, agents, metric) for metric, team, _ in panels
     ):
-        with matplotlib.rc_context(_STYLE):
+        with rc_context(STYLE):
             figure = Figure(figsize=(12, 4.2), layout="constrained")
             for axes, (metric, team_key, title) in zip(figure.subplots(1, 2), panels, strict=True):
                 _draw_metric(axes, iterations, rows, agents, colors, metric, team_key)
@@ -119,7 +74,7 @@ def plot_curves(metrics: PathLike | Sequence[Mapping[str, Any]], out_dir: PathLi
                 axes.set_xlabel("iteration")
                 axes.set_ylabel(metric)
             figure.suptitle("Learning curves", fontweight="bold")
-            written.append(_save(figure, out_dir / "curves.png"))
+            written.append(save_figure(figure, out_dir / "curves.png"))
 
     stats = [
         (metric, title)
@@ -127,7 +82,7 @@ def plot_curves(metrics: PathLike | Sequence[Mapping[str, Any]], out_dir: PathLi
         if _agent_series(rows, agents, metric)
     ]
     if stats:
-        with matplotlib.rc_context(_STYLE):
+        with rc_context(STYLE):
             figure = Figure(figsize=(4.2 * len(stats), 3.8), layout="constrained")
             for axes, (metric, title) in zip(
                 np.atleast_1d(figure.subplots(1, len(stats))), stats, strict=True
@@ -137,7 +92,7 @@ def plot_curves(metrics: PathLike | Sequence[Mapping[str, Any]], out_dir: PathLi
                 axes.set_xlabel("iteration")
                 axes.set_ylabel(metric)
             figure.suptitle("Policy statistics per agent", fontweight="bold")
-            written.append(_save(figure, out_dir / "train_stats.png"))
+            written.append(save_figure(figure, out_dir / "train_stats.png"))
 
     if any(_series(rows, key) is not None for key, _, _ in _TIME_PARTS):
         written.append(_plot_time_breakdown(iterations, rows, out_dir / "time_breakdown.png"))
@@ -156,12 +111,12 @@ def _draw_metric(axes, iterations, rows, agents, colors, metric: str, team_key: 
     if axes.has_data():
         axes.legend(loc="best")
     else:
-        _no_data(axes)
+        draw_no_data(axes)
     axes.xaxis.get_major_locator().set_params(integer=True)
 
 
 def _plot_time_breakdown(iterations: np.ndarray, rows: list[dict], path: Path) -> Path:
-    with matplotlib.rc_context(_STYLE):
+    with rc_context(STYLE):
         figure = Figure(figsize=(12, 4), layout="constrained")
         axes = figure.subplots()
         bottom = np.zeros(len(rows))
@@ -192,7 +147,7 @@ def _plot_time_breakdown(iterations: np.ndarray, rows: list[dict], path: Path) -
             handles.append(Line2D([], [], color="#d62728", marker="o", markersize=3))
             labels.append("tokens/s")
         axes.legend(handles, labels, loc="upper left", ncols=len(labels), bbox_to_anchor=(0, -0.15))
-        return _save(figure, path)
+        return save_figure(figure, path)
 
 
 def _series(rows: list[dict], key: str) -> np.ndarray | None:
@@ -214,252 +169,6 @@ def _agent_series(rows: list[dict], agents: list[str], metric: str) -> dict[str,
     return found
 
 
-# --------------------------------------------------------------------------- Gantt chart
-
-
-def plot_gantt(
-    timeline: Timeline | PathLike,
-    out_dir: PathLike,
-    *,
-    color_by: str = "agent",
-    t0: float | None = None,
-    t1: float | None = None,
-    filename: str = "gantt.png",
-) -> list[Path]:
-    """Busy intervals per resource (rows grouped rollout, then train, ...) over time.
-
-    Bars are coloured by `color_by` ("agent" or "kind"); with "agent" a thin strip under each bar shows the
-    kind (prefill/decode/train/sync/swap). Migrations are triangles on the moved instance's row; policy
-    version changes are dashed vertical lines labelled with the new version.
-    """
-    if color_by not in ("agent", "kind"):
-        raise ValueError(f"color_by={color_by!r} is not allowed; use 'agent' or 'kind'")
-    timeline = _as_timeline(timeline)
-    out_dir = _ensure_dir(out_dir)
-    low, high = _plot_window(timeline, t0, t1)
-    intervals = [i for i in timeline.intervals() if i.end >= low and i.start <= high]
-    group_order = {group: index for index, group in enumerate(["rollout", "train", *timeline.groups()])}
-    resources = sorted(timeline.resources, key=lambda r: (group_order[resource_group(r)], _natural_key(r)))
-    row_of = {resource: index for index, resource in enumerate(resources)}
-    agents = sorted({i.agent for i in intervals if i.agent is not None})
-    colors = agent_colors(_timeline_agents(timeline))
-    kinds = list(
-        dict.fromkeys(
-            [k for k in KNOWN_KINDS if any(i.kind == k for i in intervals)] + [i.kind for i in intervals]
-        )
-    )
-
-    with matplotlib.rc_context(_STYLE):
-        figure = Figure(figsize=(13, min(1.8 + 0.42 * max(len(resources), 1), 14)), layout="constrained")
-        axes = figure.subplots()
-        bars: dict[tuple[int, str], list[tuple[float, float]]] = {}
-        strips: dict[tuple[int, str], list[tuple[float, float]]] = {}
-        for interval in intervals:
-            row = row_of[interval.resource]
-            main = interval.kind if color_by == "kind" else (interval.agent or "(none)")
-            bars.setdefault((row, main), []).append((interval.start, interval.duration))
-            if color_by == "agent":
-                strips.setdefault((row, interval.kind), []).append((interval.start, interval.duration))
-        for (row, name), spans in bars.items():
-            color = kind_color(name) if color_by == "kind" else colors.get(name, "#737373")
-            axes.broken_barh(spans, (row - 0.36, 0.62), facecolors=color, edgecolor="none")
-        for (row, kind), spans in strips.items():
-            axes.broken_barh(
-                spans, (row + 0.28, 0.14), facecolors=kind_color(kind, strip=True), edgecolor="none"
-            )
-
-        legend = []
-        if color_by == "agent":
-            legend += [Patch(color=colors[a], label=f"agent {a}") for a in agents]
-            if any(i.agent is None for i in intervals):
-                legend.append(Patch(color="#737373", label="no agent"))
-            legend += [Patch(color=kind_color(k, strip=True), label=f"strip: {k}") for k in kinds]
-        else:
-            legend += [Patch(color=kind_color(k), label=k) for k in kinds]
-        palette = colors if color_by == "agent" else None
-        legend += _draw_gantt_events(axes, timeline, row_of, palette, low, high)
-
-        for index in range(1, len(resources)):  # a rule between groups (rollout | train)
-            if resource_group(resources[index]) != resource_group(resources[index - 1]):
-                axes.axhline(index - 0.5, color="#525252", linewidth=1.0)
-        axes.set_yticks(range(len(resources)), resources)
-        axes.set_ylim(len(resources) - 0.5, -0.9)  # first resource on top; room for version labels
-        axes.grid(axis="y", visible=False)
-        axes.set_xlim(low, high)
-        axes.set_xlabel("time (s)")
-        title = "Resource activity"
-        if resources:
-            pooled = ", ".join(
-                f"{g} {timeline.group_utilization(g, low, high):.0%}" for g in timeline.groups()
-            )
-            title += f" — utilization over [{low:.4g}, {high:.4g}] s: {pooled}"
-        axes.set_title(title)
-        if legend:
-            axes.legend(handles=legend, loc="upper left", bbox_to_anchor=(1.01, 1.0))
-        if not intervals:
-            _no_data(axes)
-        return [_save(figure, out_dir / filename)]
-
-
-def _draw_gantt_events(axes, timeline: Timeline, row_of: dict[str, int], agent_palette, low, high) -> list:
-    """Migration triangles (filled with the receiving agent's colour when `agent_palette` is given) and
-    one dashed line per policy-version update instant; returns legend handles."""
-    legend = []
-    migrations = [e for e in timeline.events(MIGRATION) if low <= e.time <= high and e.resource in row_of]
-    if migrations:
-        axes.scatter(
-            [e.time for e in migrations],
-            [row_of[e.resource] - 0.36 for e in migrations],
-            marker="v",
-            s=60,
-            color=[(agent_palette or {}).get(e.agent, "black") for e in migrations],
-            edgecolors="black",
-            linewidths=0.8,
-            zorder=5,
-        )
-        label = "migration (receiving agent's colour)" if agent_palette else "migration"
-        legend.append(
-            Line2D(
-                [],
-                [],
-                marker="v",
-                linestyle="none",
-                markerfacecolor="white" if agent_palette else "black",
-                markeredgecolor="black",
-                markersize=8,
-                label=label,
-            )
-        )
-    versions = [e for e in timeline.events(POLICY_VERSION) if low <= e.time <= high]
-    last_line = last_label = None
-    for event in versions:
-        # All agents usually update together; draw one line per instant, not one per agent.
-        if last_line is not None and event.time - last_line < 1e-3:
-            continue
-        last_line = event.time
-        axes.axvline(event.time, color="#525252", linestyle="--", linewidth=0.9, zorder=4)
-        if last_label is not None and event.time - last_label < 0.03 * (high - low):
-            continue  # labels this close would overprint each other
-        last_label = event.time
-        axes.text(
-            event.time,
-            -0.55,
-            f" v{event.attrs.get('version', '?')} ",
-            fontsize=7,
-            color="#252525",
-            va="center",
-            ha="right" if event.time > low + 0.95 * (high - low) else "left",  # stay inside the axes
-        )
-    if versions:
-        legend.append(Line2D([], [], color="#525252", linestyle="--", label="policy version update"))
-    return legend
-
-
-# --------------------------------------------------------------------------- per-agent load
-
-
-def plot_load(timeline: Timeline | PathLike, out_dir: PathLike, *, filename: str = "load.png") -> list[Path]:
-    """Per-agent load, like the FlexMARL paper's Figs. 8-9: request share, queue lengths and instances
-    per agent over time (with migrations marked)."""
-    timeline = _as_timeline(timeline)
-    out_dir = _ensure_dir(out_dir)
-    requests = timeline.counter(REQUESTS)
-    queues = timeline.gauge(QUEUE_LENGTH)
-    instances = timeline.gauge(INSTANCES)
-    colors = agent_colors(_timeline_agents(timeline))
-    start, end = _plot_window(timeline, None, None)
-
-    with matplotlib.rc_context(_STYLE):
-        figure = Figure(figsize=(13, 10), layout="constrained")
-        grid = figure.add_gridspec(3, 3)
-        share_axes = figure.add_subplot(grid[0, 0])
-        cumulative_axes = figure.add_subplot(grid[0, 1:])
-        queue_axes = figure.add_subplot(grid[1, :])
-        instance_axes = figure.add_subplot(grid[2, :], sharex=queue_axes)
-
-        totals = {agent: float(values[-1]) for agent, (_, values) in sorted(requests.items())}
-        if totals:
-            names = list(totals)
-            heights = np.array([totals[name] for name in names])
-            bars = share_axes.bar(names, heights, color=[colors[n] for n in names])
-            share = heights / max(heights.sum(), 1e-12)
-            share_axes.bar_label(bars, labels=[f"{s:.0%}" for s in share], fontsize=8, padding=2)
-            share_axes.set_ylim(0, heights.max() * 1.18 if heights.max() > 0 else 1)
-            share_axes.tick_params(axis="x", rotation=30 if len(names) > 4 else 0)
-        else:
-            _no_data(share_axes)
-        share_axes.set_title("Requests per agent")
-        share_axes.set_ylabel("requests")
-        share_axes.grid(axis="x", visible=False)
-
-        for agent, (times, values) in sorted(requests.items()):
-            cumulative_axes.step(
-                np.append(times, end),
-                np.append(values, values[-1]),
-                where="post",
-                color=colors[agent],
-                linewidth=1.6,
-                label=agent,
-            )
-        _finish_time_axes(cumulative_axes, "Cumulative requests", "requests", bool(requests), start, end)
-
-        for agent, (times, values) in sorted(queues.items()):
-            queue_axes.step(
-                np.append(times, end),
-                np.append(values, values[-1]),
-                where="post",
-                color=colors[agent],
-                linewidth=1.4,
-                label=agent,
-            )
-        _finish_time_axes(queue_axes, "Queue length per agent", "waiting requests", bool(queues), start, end)
-
-        if instances:
-            grid_times, stacked = _forward_filled(instances, end)
-            names = sorted(instances)
-            instance_axes.stackplot(
-                grid_times,
-                [stacked[n] for n in names],
-                step="post",
-                alpha=0.85,
-                colors=[colors[n] for n in names],
-                labels=names,
-            )
-            instance_axes.yaxis.get_major_locator().set_params(integer=True)
-        migrations = timeline.events(MIGRATION)
-        for event in migrations:
-            instance_axes.axvline(event.time, color="black", linestyle=":", linewidth=0.9)
-        if migrations:
-            instance_axes.plot([], [], color="black", linestyle=":", label=f"migration ({len(migrations)})")
-        _finish_time_axes(
-            instance_axes, "Rollout instances per agent (stacked)", "instances", bool(instances), start, end
-        )
-        instance_axes.set_xlabel("time (s)")
-        figure.suptitle("Per-agent rollout load", fontweight="bold")
-        return [_save(figure, out_dir / filename)]
-
-
-def _forward_filled(series: dict[str, tuple[np.ndarray, np.ndarray]], end: float):
-    """Put gauges on one time grid, each holding its last value (0 before its first sample)."""
-    grid = np.unique(np.concatenate([times for times, _ in series.values()] + [np.array([end])]))
-    filled = {}
-    for name, (times, values) in series.items():
-        index = np.searchsorted(times, grid, side="right") - 1
-        filled[name] = np.where(index >= 0, values[np.clip(index, 0, None)], 0.0)
-    return grid, filled
-
-
-def _finish_time_axes(axes, title: str, ylabel: str, has_data: bool, start: float, end: float) -> None:
-    axes.set_title(title)
-    axes.set_ylabel(ylabel)
-    axes.set_xlim(start, end)
-    axes.set_ylim(bottom=0)
-    if not has_data:
-        _no_data(axes)
-    elif axes.get_legend_handles_labels()[0]:
-        axes.legend(loc="upper left", bbox_to_anchor=(1.0, 1.0))
-
-
 # --------------------------------------------------------------------------- everything for a workdir
 
 
@@ -477,55 +186,3 @@ def plot_all(
         written += plot_gantt(timeline, out_dir)
         written += plot_load(timeline, out_dir)
     return written
-
-
-# --------------------------------------------------------------------------- helpers
-
-
-def _as_timeline(timeline: Timeline | PathLike) -> Timeline:
-    return timeline if isinstance(timeline, Timeline) else Timeline.load(timeline)
-
-
-def _plot_window(timeline: Timeline, t0: float | None, t1: float | None) -> tuple[float, float]:
-    """[t0, t1], defaulting to the recorded span (not time 0: start-up before the first record is empty)."""
-    low = timeline.start_time() if t0 is None else t0
-    high = timeline.end_time() if t1 is None else t1
-    return low, high if high > low else low + 1.0
-
-
-def _timeline_agents(timeline: Timeline) -> set[str]:
-    """Every agent named anywhere in the timeline, so that the Gantt and load plots colour alike."""
-    agents = {interval.agent for interval in timeline.intervals() if interval.agent is not None}
-    agents |= {event.agent for event in timeline.events() if event.agent is not None}
-    for series in (REQUESTS, QUEUE_LENGTH, INSTANCES):
-        agents |= set(timeline.counter(series)) | set(timeline.gauge(series))
-    return agents
-
-
-def _ensure_dir(path: PathLike) -> Path:
-    path = Path(path)
-    path.mkdir(parents=True, exist_ok=True)
-    return path
-
-
-def _save(figure: Figure, path: Path) -> Path:
-    figure.savefig(path, bbox_inches="tight", facecolor="white")
-    return path
-
-
-def _no_data(axes) -> None:
-    axes.text(
-        0.5,
-        0.5,
-        "no data recorded",
-        transform=axes.transAxes,
-        ha="center",
-        va="center",
-        color="#969696",
-        fontsize=10,
-    )
-
-
-def _natural_key(name: str) -> list:
-    """`rollout/a/10` sorts after `rollout/a/9`."""
-    return [int(part) if part.isdigit() else part for part in re.split(r"(\d+)", name)]
