@@ -7,7 +7,8 @@
 - `IterationProgress`, `print_summary` (progress.py): progress bar with ETA (one line per iteration when
   not on a terminal) and the end-of-run summary table.
 - `flexmarl_jax.metrics.plots` (imported separately; it loads matplotlib): `plot_all(workdir)` writes
-  curves.png, train_stats.png, time_breakdown.png, gantt.png and load.png into `<workdir>/plots/`.
+  curves.png, train_stats.png, time_breakdown.png, gantt.png and load.png into `<workdir>/plots/`;
+  `plots.main(["WORKDIR"])` does that and prints the summary table (for a `flexmarl` subcommand).
 
 Resource names are `<group>/<name>`; the group (`rollout`, `train`) pools utilization. Name rollout
 resources after the *instance* (`rollout/instance3`), and pass the agent it serves as the `agent` label:
@@ -18,7 +19,7 @@ Usage::
     from flexmarl_jax import metrics
     from flexmarl_jax.metrics import plots
 
-    timeline = metrics.Timeline()
+    timeline = metrics.Timeline()                           # or, on resume: metrics.Timeline.load(workdir)
     timeline.declare("rollout/instance0", "rollout/instance1", "train/slice0")  # idle ones count as 0
     writer = metrics.MetricsWriter(workdir)                 # reads back lines from an earlier run
     start = writer.last_iteration + 1 if writer.last_iteration is not None else 0

@@ -9,6 +9,7 @@ Per-agent metrics are found under `agent/<name>/<metric>` (or `agents/...`) afte
 
 from __future__ import annotations
 
+import argparse
 import os
 import re
 from collections.abc import Mapping, Sequence
@@ -32,7 +33,7 @@ from flexmarl_jax.metrics.plot_style import (
 )
 from flexmarl_jax.metrics.timeline import TIMELINE_FILENAME, Timeline
 from flexmarl_jax.metrics.timeline_plots import plot_gantt, plot_load
-from flexmarl_jax.metrics.writer import read_metrics
+from flexmarl_jax.metrics.writer import METRICS_FILENAME, read_metrics
 
 __all__ = ["agent_colors", "kind_color", "plot_all", "plot_curves", "plot_gantt", "plot_load"]
 
@@ -186,3 +187,21 @@ def plot_all(
         written += plot_gantt(timeline, out_dir)
         written += plot_load(timeline, out_dir)
     return written
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Replot a run directory: `main(["runs/tiny"])` writes its PNGs and prints the summary table."""
+    from flexmarl_jax.metrics.progress import print_summary  # rich only when used from the command line
+
+    parser = argparse.ArgumentParser(description="Plot a flexmarl run from metrics.jsonl and timeline.json.")
+    parser.add_argument("workdir", help="run directory holding metrics.jsonl (and timeline.json)")
+    parser.add_argument("--out-dir", default=None, help="where the PNGs go (default: WORKDIR/plots)")
+    args = parser.parse_args(argv)
+    workdir = Path(args.workdir)
+    if not (workdir / METRICS_FILENAME).exists() and not (workdir / TIMELINE_FILENAME).exists():
+        parser.error(f"workdir {str(workdir)!r} holds neither {METRICS_FILENAME} nor {TIMELINE_FILENAME}")
+    written = plot_all(workdir, out_dir=args.out_dir)
+    print_summary(read_metrics(workdir))
+    for path in written:
+        print(path)
+    return 0

@@ -417,14 +417,16 @@ class Timeline:
             }
 
     @classmethod
-    def from_dict(cls, data: Mapping[str, Any]) -> Timeline:
+    def from_dict(
+        cls, data: Mapping[str, Any], clock: Callable[[], float] = time_module.perf_counter
+    ) -> Timeline:
         """Rebuild a timeline from `to_dict()` output; its clock keeps running from the last recorded time."""
         if data.get("format") != _FORMAT or data.get("version") != _FORMAT_VERSION:
             raise ValueError(
                 f"not a flexmarl timeline: format={data.get('format')!r} version={data.get('version')!r}; "
                 f"expected format={_FORMAT!r} version={_FORMAT_VERSION}"
             )
-        timeline = cls()
+        timeline = cls(clock)
         timeline.origin_unix = float(data["origin_unix"])
         timeline.declare(*data["resources"])
         for resource, start, end, kind, agent in data["intervals"]:
@@ -450,12 +452,17 @@ class Timeline:
         return path
 
     @classmethod
-    def load(cls, path: str | os.PathLike[str]) -> Timeline:
-        """Read a timeline written by `save` (a file, or a workdir holding `timeline.json`)."""
+    def load(
+        cls, path: str | os.PathLike[str], clock: Callable[[], float] = time_module.perf_counter
+    ) -> Timeline:
+        """Read a timeline written by `save` (a file, or a workdir holding `timeline.json`).
+
+        A resumed run loads its old timeline and keeps recording: new times continue after the old ones.
+        """
         path = Path(path)
         if path.is_dir():
             path = path / TIMELINE_FILENAME
-        return cls.from_dict(json.loads(path.read_text()))
+        return cls.from_dict(json.loads(path.read_text()), clock)
 
     # ------------------------------------------------------------------ helpers
 

@@ -100,3 +100,25 @@ def test_agent_colours_depend_on_the_set_of_names_not_their_order():
     second = plots.agent_colors(["verifier", "planner", "solver", "solver"])
     assert first == second
     assert len(set(second.values())) == 3
+
+
+def test_main_replots_a_workdir_and_rejects_an_empty_one(
+    tmp_path, synthetic_records, synthetic_timeline, capsys
+):
+    with metrics.MetricsWriter(tmp_path, tensorboard=False) as writer:
+        for record in synthetic_records[:3]:
+            writer.write(record)
+    synthetic_timeline.save(tmp_path)
+    assert plots.main([str(tmp_path), "--out-dir", str(tmp_path / "png")]) == 0
+    printed = capsys.readouterr().out
+    assert "Run summary (3 records, iterations 0..2)" in printed
+    assert sorted(Path(line).name for line in printed.splitlines() if line.endswith(".png")) == [
+        "curves.png",
+        "gantt.png",
+        "load.png",
+        "time_breakdown.png",
+        "train_stats.png",
+    ]
+    with pytest.raises(SystemExit):
+        plots.main([str(tmp_path / "nothing-here")])
+    assert "holds neither metrics.jsonl nor timeline.json" in capsys.readouterr().err
