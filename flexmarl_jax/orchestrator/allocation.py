@@ -171,7 +171,8 @@ class TrainingSlicePool:
         with self._cond:
             lease = self._leases.pop(agent, None)
             if lease is None:
-                raise RuntimeError(f"agent {agent!r} holds no training slice; holders: {self._holders_text()}")
+                raise RuntimeError(f"agent {agent!r} holds no training slice; "
+                                   f"holders: {self._holders_text()}")
             index = lease.slice.index
             now = self._clock()
             self._holder[index] = None
@@ -234,7 +235,8 @@ class TrainingSlicePool:
             intervals = list(self._intervals)
             if include_open:
                 now = self._clock()
-                intervals += [BusyInterval(l.slice.index, l.agent, l.granted_at, now) for l in self._leases.values()]
+                intervals += [BusyInterval(lease.slice.index, lease.agent, lease.granted_at, now)
+                              for lease in self._leases.values()]
             return intervals
 
     def busy_seconds(self, t0: float | None = None, t1: float | None = None) -> list[float]:
@@ -360,7 +362,7 @@ class TrainerResidency:
                     source = self.store.where(key)
                 target = self._target_for(agent, lease.slice.mesh)
                 state = self.store.get(key, target, move=True)
-                jax.block_until_ready([leaf for leaf in jax.tree.leaves(state) if isinstance(leaf, jax.Array)])
+                jax.block_until_ready([x for x in jax.tree.leaves(state) if isinstance(x, jax.Array)])
                 self._count_activation(source, time.perf_counter() - started)
                 active = ActiveState(agent, lease, state, moved_from=source)
                 self._active[agent] = active

@@ -74,7 +74,8 @@ def train(num_slices: int, *, iterations: int = 2, offload_tier="host", park=Tru
                                    for leaf in jax.tree.leaves(active.state) if isinstance(leaf, jax.Array))
                 barrier.wait(timeout=60)  # every micro-batch of the iteration is consumed: apply together
                 with residency.session(agent, timeout=60) as active:
-                    active.state = dict(apply(active.state), policy_version=active.state["policy_version"] + 1)
+                    version = active.state["policy_version"] + 1
+                    active.state = dict(apply(active.state), policy_version=version)
                 barrier.wait(timeout=60)
         except BaseException as error:  # surfaced in the main thread
             errors.append(error)
@@ -107,20 +108,23 @@ def relative_difference(a, b) -> float:
 def test_four_agents_on_two_slices_match_four_agents_on_four_slices(tmp_path):
     on_four, _ = train(num_slices=4)
     on_two, residency_two = train(num_slices=2)
-    # Offload to Orbax storage at every release: every activation restores from a checkpoint.
+    # Offload to Orbax storage at every release: every activation restores from a checkpoint
+    # (one iteration: a checkpoint per release is slow on the CI machine).
+    one_iteration_on_four, _ = train(num_slices=4, iterations=1)
     via_storage, residency_storage = train(num_slices=2, offload_tier="storage", park=False,
-                                           storage_root=str(tmp_path))
+                                           storage_root=str(tmp_path), iterations=1)
     for agent in AGENTS:
-        assert int(on_two[agent]["policy_version"]) == int(via_storage[agent]["policy_version"]) == 2
+        assert int(on_two[agent]["policy_version"]) == 2 and int(via_storage[agent]["policy_version"]) == 1
         assert relative_difference(on_two[agent]["params"], on_four[agent]["params"]) < 1e-6
-        assert relative_difference(via_storage[agent]["params"], on_four[agent]["params"]) < 1e-6
+        reference = one_iteration_on_four[agent]["params"]
+        assert relative_difference(via_storage[agent]["params"], reference) < 1e-6
         assert residency_storage.location(agent) == ("storage", None)
         # The params changed (the comparison would pass vacuously if training did nothing).
         start = initial_state(agent, TrainingSlicePool.from_devices(jax.devices()[:8], 2).slices[0].mesh)
         assert relative_difference(on_two[agent]["params"], start["params"]) > 1e-3
     # 2 slices for 4 agents forces swaps; eager offload swaps at every release.
     assert residency_two.stats.swapped_in > 0 and residency_two.stats.swapped_out > 0
-    total_sessions = 2 * sum(MICRO_BATCHES.values()) + 2 * len(AGENTS)
+    total_sessions = sum(MICRO_BATCHES.values()) + len(AGENTS)
     assert residency_storage.stats.activations == total_sessions
     assert residency_storage.stats.swapped_in == total_sessions  # every activation came from storage
 
