@@ -198,3 +198,36 @@ def build_micro_batch(
 def stack_rows(batch: MicroBatch, rows: slice) -> MicroBatch:
     """Rows ``rows`` of ``batch`` as a smaller MicroBatch (for splitting a full batch in tests/benches)."""
     return MicroBatch(**{name: getattr(batch, name)[rows] for name in ARRAY_FIELDS}, agent=batch.agent)
+
+
+def build_iteration(
+    *,
+    agent: str,
+    prompt_ids: Sequence[Sequence[int]],
+    response_ids: Sequence[Sequence[int]],
+    behaviour_logprobs: Sequence[Sequence[float]],
+    advantages: Sequence[float] | Sequence[Sequence[float]],
+    aggregation: str,
+    micro_batch_size: int,
+    max_len: int,
+    pad_id: int = 0,
+    norm_length: int | None = None,
+    **per_token_columns,
+) -> list[MicroBatch]:
+    """All micro-batches of one agent's iteration, normalised over the whole iteration.
+
+    Takes every row of the iteration (so the normalisers are the full batch's), then cuts them in
+    order into chunks of ``micro_batch_size`` rows; the last chunk is padded. ``per_token_columns``
+    are the optional per-token lists of `build_micro_batch` (old_logprobs, ref_logprobs, ...).
+    """
+    normalizers = IterationNormalizers.from_response_lengths([len(r) for r in response_ids], norm_length)
+    batches = []
+    for start in range(0, len(prompt_ids), micro_batch_size):
+        rows = slice(start, start + micro_batch_size)
+        extra = {name: column[rows] for name, column in per_token_columns.items() if column is not None}
+        batches.append(build_micro_batch(
+            agent=agent, prompt_ids=prompt_ids[rows], response_ids=response_ids[rows],
+            behaviour_logprobs=behaviour_logprobs[rows], advantages=advantages[rows],
+            normalizers=normalizers, aggregation=aggregation, batch_size=micro_batch_size,
+            max_len=max_len, pad_id=pad_id, **extra))
+    return batches

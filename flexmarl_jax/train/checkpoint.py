@@ -1,0 +1,115 @@
+"""Orbax checkpoints of agent trainers: parameters, optimizer state and policy version.
+
+Layout: ``ROOT/<agent>/<policy_version>/{state,meta}`` (an Orbax CheckpointManager per agent). ``state``
+is a flat ``{name: array}`` dict whose names are the pytree paths (``trainable.policy.layers.0...``):
+stable, readable with any Orbax tool, and independent of mesh shape. Restoring reads every array
+straight into the *target trainer's* shardings, so a checkpoint written on an 8-way FSDP mesh restores
+onto a 2x2 FSDP x TP mesh (or one device) without a gather on the host.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import logging
+import os
+from collections.abc import Mapping
+
+import jax
+import orbax.checkpoint as ocp
+
+from flexmarl_jax.train.trainer import AgentTrainer
+
+logger = logging.getLogger(__name__)
+
+
+def _key_name(entry) -> str:
+    for attribute in ("key", "name", "idx"):
+        if hasattr(entry, attribute):
+            return str(getattr(entry, attribute))
+    raise TypeError(f"unsupported pytree key {entry!r}")
+
+
+def flatten_to_names(tree) -> tuple[dict[str, jax.Array], jax.tree_util.PyTreeDef]:
+    """``{"a.b.0.value": leaf}`` for every leaf of ``tree``, plus the treedef to rebuild it."""
+    with_paths, treedef = jax.tree_util.tree_flatten_with_path(tree)
+    flat = {}
+    for path, leaf in with_paths:
+        name = ".".join(_key_name(entry) for entry in path)
+        if name in flat:
+            raise ValueError(f"two leaves map to the checkpoint name {name!r}")
+        flat[name] = leaf
+    return flat, treedef
+
+
+def _meta(trainer: AgentTrainer) -> dict:
+    return {
+        "agent": trainer.agent,
+        "policy_version": trainer.policy_version,
+        "model_config": dataclasses.asdict(trainer.model_config),
+        "loss": dataclasses.asdict(trainer.config.loss),
+        "optimizer": dataclasses.asdict(trainer.config.optimizer),
+        "mesh_shape": dict(trainer.mesh.shape),
+    }
+
+
+def _manager(directory: str | os.PathLike, max_to_keep: int | None = None) -> ocp.CheckpointManager:
+    options = ocp.CheckpointManagerOptions(max_to_keep=max_to_keep, create=True)
+    return ocp.CheckpointManager(os.path.abspath(os.fspath(directory)), options=options,
+                                 item_names=("state", "meta"))
+
+
+def save_trainer(trainer: AgentTrainer, directory: str | os.PathLike, *, max_to_keep: int | None = None) -> int:
+    """Writes the trainer's state under ``directory/<policy_version>``; returns that version.
+
+    Must be called at an iteration boundary (no pending micro-batches): a checkpoint never holds a
+    half-accumulated gradient, because the store replays unapplied samples after a restart.
+    """
+    flat, _ = flatten_to_names(trainer.checkpoint_state())
+    step = trainer.policy_version
+    with _manager(directory, max_to_keep) as manager:
+        manager.save(step, args=ocp.args.Composite(state=ocp.args.StandardSave(flat),
+                                                   meta=ocp.args.JsonSave(_meta(trainer))), force=True)
+        manager.wait_until_finished()
+    logger.info("saved agent %r policy_version %d to %s", trainer.agent, step, directory)
+    return step
+
+
+def restore_trainer(trainer: AgentTrainer, directory: str | os.PathLike,
+                    policy_version: int | None = None) -> int:
+    """Loads a checkpoint into ``trainer`` (on the trainer's own mesh); returns the restored version.
+
+    ``policy_version=None`` takes the latest. The checkpoint must come from the same agent, model and
+    loss (the optimizer state must match the trainer's optimizer); the mesh may differ.
+    """
+    with _manager(directory) as manager:
+        step = manager.latest_step() if policy_version is None else int(policy_version)
+        if step is None or step not in manager.all_steps():
+            raise FileNotFoundError(f"no checkpoint for policy_version={policy_version} under {directory}; "
+                                    f"available: {sorted(manager.all_steps())}")
+        meta = manager.restore(step, args=ocp.args.Composite(meta=ocp.args.JsonRestore()))["meta"]
+        expected = json.loads(json.dumps(_meta(trainer)))
+        for field in ("agent", "model_config", "loss", "optimizer"):
+            if meta[field] != expected[field]:
+                raise ValueError(f"checkpoint {directory}/{step} has {field}={meta[field]!r}, but this trainer "
+                                 f"has {field}={expected[field]!r}")
+        template, treedef = flatten_to_names(trainer.checkpoint_state())
+        shardings, _ = flatten_to_names(trainer.checkpoint_shardings())
+        target = {name: jax.ShapeDtypeStruct(leaf.shape, leaf.dtype, sharding=shardings[name])
+                  for name, leaf in template.items()}
+        restored = manager.restore(step, args=ocp.args.Composite(state=ocp.args.StandardRestore(target)))
+    state = jax.tree_util.tree_unflatten(treedef, [restored["state"][name] for name in template])
+    trainer.load_checkpoint_state(state, meta["policy_version"])
+    logger.info("restored agent %r policy_version %d from %s onto mesh %s", trainer.agent, step, directory,
+                dict(trainer.mesh.shape))
+    return step
+
+
+def save_all(trainers: Mapping[str, AgentTrainer], root: str | os.PathLike, **kwargs) -> dict[str, int]:
+    """Saves every agent under ``root/<agent>``; returns {agent: policy_version}."""
+    return {name: save_trainer(t, os.path.join(os.fspath(root), name), **kwargs) for name, t in trainers.items()}
+
+
+def restore_all(trainers: Mapping[str, AgentTrainer], root: str | os.PathLike) -> dict[str, int]:
+    """Restores every agent from ``root/<agent>`` (latest version each); returns {agent: policy_version}."""
+    return {name: restore_trainer(t, os.path.join(os.fspath(root), name)) for name, t in trainers.items()}

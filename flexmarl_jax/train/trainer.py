@@ -1,0 +1,346 @@
+"""AgentTrainer: one agent's policy (and optional critic) trained on its own mesh.
+
+One iteration reads top to bottom:
+
+    normalisers + advantages for the whole iteration   (host, before any micro-batch; see batch.py)
+    for each micro-batch:  trainer.accumulate(batch)    (loss -> grads -> add to the fp32 accumulator)
+    trainer.apply()                                     (one optimizer step, policy_version += 1)
+
+Because every micro-batch's loss is already scaled by the iteration's normaliser, the accumulated
+gradient *is* the full-batch gradient, and `apply` performs exactly the full-batch update.
+
+Parameters, optimizer state and the accumulator live sharded on the agent's training mesh (FSDP over
+"fsdp", tensor parallel over "tp", by the model's logical-axis rules); micro-batch rows are split over
+"fsdp". Every jitted step has explicit in/out shardings and static shapes ``[micro_batch_size, max_len]``
+so nothing recompiles between micro-batches.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import logging
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax.sharding import Mesh, NamedSharding, PartitionSpec
+
+from flexmarl_jax.mesh.meshes import make_mesh
+from flexmarl_jax.models import functional
+from flexmarl_jax.models.config import ModelConfig
+from flexmarl_jax.train.batch import ARRAY_FIELDS, MicroBatch, validate_micro_batch
+from flexmarl_jax.train.losses import LOSSES, LossConfig
+from flexmarl_jax.train.optim import OptimizerConfig, make_optimizer
+
+logger = logging.getLogger(__name__)
+
+
+@dataclasses.dataclass(frozen=True)
+class TrainerConfig:
+    """Static settings of one agent's trainer."""
+
+    micro_batch_size: int  # rows per micro-batch (the static batch dim of every step)
+    max_len: int  # static sequence length of every micro-batch (prompt + response - 1 fits in it)
+    loss: LossConfig = LossConfig()
+    optimizer: OptimizerConfig = OptimizerConfig()
+    # When the KL is on, compute reference log-probs inside the step from a frozen copy of the initial
+    # policy; False uses the `ref_logprobs` the micro-batch carries.
+    reference_in_step: bool = True
+    # Donating params saves one parameter copy at apply time, but invalidates arrays anyone else still
+    # holds (e.g. a colocated rollout engine that received `trainer.params`), so it is opt-in.
+    donate_params: bool = False
+
+    def __post_init__(self):
+        if self.micro_batch_size < 1 or self.max_len < 2:
+            raise ValueError(f"micro_batch_size={self.micro_batch_size} must be >= 1 and "
+                             f"max_len={self.max_len} >= 2")
+
+
+def _sum_tree(total, increment):
+    return jax.tree.map(lambda a, b: a + b.astype(a.dtype), total, increment)
+
+
+def _shardings_like_params(abstract_tree, param_structure, param_shardings, replicated):
+    """Shardings for an optimizer state: every sub-tree shaped like the params gets the params' shardings.
+
+    Optax states hold moment trees with exactly the trainable structure (mu, nu, ...) plus scalars
+    (step counts), which are replicated.
+    """
+
+    def is_param_tree(node) -> bool:
+        return jax.tree.structure(node) == param_structure
+
+    def pick(node):
+        return param_shardings if is_param_tree(node) else replicated
+
+    return jax.tree.map(pick, abstract_tree, is_leaf=is_param_tree)
+
+
+def abstract_micro_batch(batch_size: int, max_len: int, agent: str = "") -> MicroBatch:
+    """A MicroBatch of ShapeDtypeStructs ``[batch_size, max_len]`` (for eval_shape / AOT lowering)."""
+    dtypes = {name: jnp.float32 for name in ARRAY_FIELDS}
+    dtypes.update(tokens=jnp.int32, targets=jnp.int32, positions=jnp.int32,
+                  attention_mask=jnp.bool_, loss_mask=jnp.bool_)
+    shape = (batch_size, max_len)
+    return MicroBatch(**{n: jax.ShapeDtypeStruct(shape, d) for n, d in dtypes.items()}, agent=agent)
+
+
+class _Steps:
+    """The jitted steps and shardings of one (model, trainer config, mesh); shared by equal trainers.
+
+    Building this traces and compiles, so trainers with the same model/config/mesh (e.g. a trainer
+    rebuilt to restore a checkpoint) reuse one instance via `_steps_for`.
+    """
+
+    def __init__(self, graphdef, model_config: ModelConfig, config: TrainerConfig, mesh: Mesh):
+        self.graphdef = graphdef
+        self.vocab_size = model_config.vocab_size
+        self.config = config
+        self.loss_fn = LOSSES.get(config.loss.name)
+        self.tx = make_optimizer(config.optimizer)
+        self.has_critic = config.loss.needs_values
+        self.has_reference = config.loss.kl_coef > 0 and config.reference_in_step
+
+        self.replicated = NamedSharding(mesh, PartitionSpec())
+        # Rows over "fsdp" (data parallel inside FSDP); replicate when the rows don't split evenly.
+        fsdp = dict(mesh.shape).get("fsdp", 1)
+        row_axis = "fsdp" if config.micro_batch_size % fsdp == 0 else None
+        self.batch = NamedSharding(mesh, PartitionSpec(row_axis, None))
+
+        _, abstract_policy = functional.abstract_model(model_config)
+        policy_sh = functional.param_shardings(abstract_policy, mesh)
+        self.policy = policy_sh
+        self.trainable = {"policy": policy_sh}
+        abstract_trainable = {"policy": abstract_policy}
+        if self.has_critic:
+            head_sh = {"kernel": self.replicated, "bias": self.replicated}
+            self.trainable["critic"] = {"backbone": policy_sh, "head": head_sh}
+            abstract_trainable["critic"] = {"backbone": abstract_policy, "head": self.abstract_value_head()}
+        self.reference = policy_sh if self.has_reference else None
+
+        abstract_opt = jax.eval_shape(self.tx.init, abstract_trainable)
+        self.opt = _shardings_like_params(abstract_opt, jax.tree.structure(abstract_trainable),
+                                          self.trainable, self.replicated)
+        abstract_ref = abstract_policy if self.has_reference else None
+        batch = abstract_micro_batch(config.micro_batch_size, config.max_len)
+        self.metric_names = sorted(jax.eval_shape(self.loss_and_metrics, abstract_trainable, abstract_ref,
+                                                  batch)[1])
+        self.accum = {"grads": self.trainable, "metrics": {n: self.replicated for n in self.metric_names}}
+        self._jit_all()
+
+    def abstract_value_head(self):
+        return {"kernel": jax.ShapeDtypeStruct((self.vocab_size,), jnp.float32),
+                "bias": jax.ShapeDtypeStruct((), jnp.float32)}
+
+    # ------------------------------------------------------------------------------ model math
+
+    def token_logprobs(self, params, batch: MicroBatch) -> jax.Array:
+        """[B, T] float32 log-prob of ``batch.targets`` under ``params``."""
+        logits = functional.forward(self.graphdef, params, batch.tokens, batch.positions, batch.attention_mask)
+        return functional.token_logprobs(logits, batch.targets)
+
+    def critic_values(self, critic, batch: MicroBatch) -> jax.Array:
+        """[B, T] float32 value of the state after each input token (predicting ``targets``).
+
+        The critic is a copy of the policy network plus a linear value head over its output logits:
+        that keeps us on the model's public `forward`, and with tied or full-rank output embeddings
+        (vocab >= hidden) a linear map of the logits can express any linear map of the final hidden
+        state, so this is a regular linear value head.
+        """
+        logits = functional.forward(self.graphdef, critic["backbone"], batch.tokens, batch.positions,
+                                    batch.attention_mask)
+        return logits.astype(jnp.float32) @ critic["head"]["kernel"] + critic["head"]["bias"]
+
+    def loss_and_metrics(self, trainable, reference, batch: MicroBatch):
+        logprobs = self.token_logprobs(trainable["policy"], batch)
+        if reference is not None:
+            batch = batch.replace(ref_logprobs=jax.lax.stop_gradient(self.token_logprobs(reference, batch)))
+        values = self.critic_values(trainable["critic"], batch) if "critic" in trainable else None
+        return self.loss_fn(logprobs, values, batch, self.config.loss)
+
+    def zeros(self, trainable):
+        return {"grads": jax.tree.map(lambda p: jnp.zeros(p.shape, jnp.float32), trainable),
+                "metrics": {name: jnp.zeros((), jnp.float32) for name in self.metric_names}}
+
+    def accumulate(self, trainable, reference, accum, batch):
+        grads, metrics = jax.grad(self.loss_and_metrics, has_aux=True)(trainable, reference, batch)
+        return {"grads": _sum_tree(accum["grads"], grads), "metrics": _sum_tree(accum["metrics"], metrics)}
+
+    def apply(self, trainable, opt_state, accum):
+        grads = accum["grads"]
+        grad_norm = jnp.sqrt(sum(jnp.sum(g * g) for g in jax.tree.leaves(grads)))
+        updates, opt_state = self.tx.update(grads, opt_state, trainable)
+        trainable = jax.tree.map(lambda p, u: (p + u).astype(p.dtype), trainable, updates)
+        return trainable, opt_state, self.zeros(trainable), dict(accum["metrics"], grad_norm=grad_norm)
+
+    def _jit_all(self) -> None:
+        trainable, accum, opt = self.trainable, self.accum, self.opt
+        self.copy_policy = jax.jit(lambda tree: jax.tree.map(jnp.copy, tree),
+                                   in_shardings=(self.policy,), out_shardings=self.policy)
+        self.init_opt = jax.jit(self.tx.init, in_shardings=(trainable,), out_shardings=opt)
+        self.zeros_step = jax.jit(self.zeros, in_shardings=(trainable,), out_shardings=accum)
+        self.accumulate_step = jax.jit(
+            self.accumulate, in_shardings=(trainable, self.reference, accum, self.batch),
+            out_shardings=accum, donate_argnums=(2,))
+        donate = (0, 1, 2) if self.config.donate_params else (1, 2)
+        self.apply_step = jax.jit(self.apply, in_shardings=(trainable, opt, accum),
+                                  out_shardings=(trainable, opt, accum, self.replicated),
+                                  donate_argnums=donate)
+        self.logprobs_step = jax.jit(self.token_logprobs, in_shardings=(self.policy, self.batch),
+                                     out_shardings=self.batch)
+        if self.has_critic:
+            self.values_step = jax.jit(self.critic_values, in_shardings=(trainable["critic"], self.batch),
+                                       out_shardings=self.batch)
+
+
+@functools.lru_cache(maxsize=16)
+def _steps_for(graphdef, model_config: ModelConfig, config: TrainerConfig, mesh: Mesh) -> _Steps:
+    # A compile cache, not state: _Steps holds only pure functions and shardings.
+    return _Steps(graphdef, model_config, config, mesh)
+
+
+class AgentTrainer:
+    """Trains one agent: sharded params + optax state + fp32 gradient accumulator, versioned updates.
+
+    agent: the agent's name; micro-batches of other agents are rejected.
+    model_config: this agent's model (agents may differ in model, optimizer and learning rate).
+    mesh: the agent's training mesh with axes ("fsdp", "tp"); default one device.
+    initial: optional (graphdef, params) to start from (e.g. imported HF weights); else random init.
+    """
+
+    def __init__(self, agent: str, model_config: ModelConfig, config: TrainerConfig, *,
+                 mesh: Mesh | None = None, seed: int = 0, initial: tuple[Any, Any] | None = None):
+        self.agent = agent
+        self.model_config = model_config
+        self.config = config
+        self.mesh = mesh if mesh is not None else make_mesh(jax.devices()[:1], fsdp=1)
+        self.policy_version = 0
+        self._pending_micro_batches = 0
+
+        if initial is None:
+            graphdef, policy = functional.init_params(model_config, seed=seed, mesh=self.mesh)
+        else:
+            graphdef, policy = initial
+        self.graphdef = graphdef
+        self._steps = steps = _steps_for(graphdef, model_config, config, self.mesh)
+        policy = jax.device_put(policy, steps.policy)
+        trainable = {"policy": policy}
+        if steps.has_critic:
+            # The critic starts as a copy of the policy network with a zero value head (values 0).
+            head = jax.tree.map(lambda s: jnp.zeros(s.shape, s.dtype), steps.abstract_value_head())
+            trainable["critic"] = {"backbone": steps.copy_policy(policy),
+                                   "head": jax.device_put(head, steps.trainable["critic"]["head"])}
+        self._trainable = trainable
+        self._reference = steps.copy_policy(policy) if steps.has_reference else None
+        self._opt_state = steps.init_opt(trainable)
+        self._accum = steps.zeros_step(trainable)
+
+    # ------------------------------------------------------------------------------ public API
+
+    @property
+    def params(self):
+        """The policy parameters (nnx.State, sharded on this trainer's mesh) for weight sync."""
+        return self._trainable["policy"]
+
+    @property
+    def pending_micro_batches(self) -> int:
+        """Micro-batches accumulated since the last `apply`."""
+        return self._pending_micro_batches
+
+    def _place(self, batch: MicroBatch) -> MicroBatch:
+        validate_micro_batch(batch, agent=self.agent, batch_size=self.config.micro_batch_size,
+                             max_len=self.config.max_len)
+        # The step is traced once per trainer config; the agent name was checked above, so drop it from
+        # the static metadata to share compiled steps between agents with equal configs.
+        return jax.device_put(batch.replace(agent=""), self._steps.batch)
+
+    def accumulate(self, batch: MicroBatch) -> None:
+        """Adds this micro-batch's gradient to the accumulator; parameters do not change.
+
+        Raises ValueError (before touching any state) for a batch of the wrong shape, dtype or agent.
+        """
+        placed = self._place(batch)
+        self._accum = self._steps.accumulate_step(self._trainable, self._reference, self._accum, placed)
+        self._pending_micro_batches += 1
+
+    def apply(self, *, allow_empty: bool = False) -> dict[str, float]:
+        """One optimizer step with the accumulated gradient; policy_version += 1; clears the accumulator.
+
+        Returns the iteration's metrics (weighted sums over its micro-batches, plus ``grad_norm``).
+        With no accumulated micro-batch this is an error unless ``allow_empty`` (then only the version
+        advances, so every agent can move to the next iteration together).
+        """
+        if self._pending_micro_batches == 0:
+            if not allow_empty:
+                raise RuntimeError(f"agent {self.agent!r}: apply() with no accumulated micro-batch "
+                                   "(pass allow_empty=True to only advance policy_version)")
+            self.policy_version += 1
+            return {}
+        self._trainable, self._opt_state, self._accum, metrics = self._steps.apply_step(
+            self._trainable, self._opt_state, self._accum)
+        self.policy_version += 1
+        self._pending_micro_batches = 0
+        return {name: float(value) for name, value in jax.device_get(metrics).items()}
+
+    def discard_accumulated(self) -> None:
+        """Drops the accumulated gradient without an update (e.g. an iteration aborted by a crash)."""
+        self._accum = self._steps.zeros_step(self._trainable)
+        self._pending_micro_batches = 0
+
+    def accumulated_gradients(self):
+        """The fp32 gradient sum so far (same structure as the trainable tree: {"policy": ..., ...})."""
+        return self._accum["grads"]
+
+    def logprobs(self, batch: MicroBatch, *, which: str = "policy") -> np.ndarray:
+        """[micro_batch_size, max_len] float32 log-probs of ``batch.targets``.
+
+        ``which="policy"`` uses the current parameters (the old-policy log-probs of this iteration),
+        ``which="reference"`` the frozen reference (only when the KL is on).
+        """
+        placed = self._place(batch)
+        if which == "policy":
+            params = self._trainable["policy"]
+        elif which == "reference":
+            if self._reference is None:
+                raise ValueError(f"agent {self.agent!r} keeps no reference model (kl_coef=0 or "
+                                 "reference_in_step=False)")
+            params = self._reference
+        else:
+            raise ValueError(f"which={which!r}; allowed: 'policy', 'reference'")
+        return np.asarray(self._steps.logprobs_step(params, placed))
+
+    def values(self, batch: MicroBatch) -> np.ndarray:
+        """[micro_batch_size, max_len] float32 critic values (PPO only), for GAE before the iteration."""
+        if "critic" not in self._trainable:
+            raise ValueError(f"agent {self.agent!r} has no critic (loss {self.config.loss.name!r})")
+        return np.asarray(self._steps.values_step(self._trainable["critic"], self._place(batch)))
+
+    # ------------------------------------------------------------------------- checkpoint state
+
+    def checkpoint_state(self) -> dict:
+        """{"trainable", "opt_state"} pytrees to save; refuses while gradients are pending."""
+        if self._pending_micro_batches:
+            raise RuntimeError(f"agent {self.agent!r}: {self._pending_micro_batches} micro-batches are "
+                               "accumulated but not applied; checkpoint at an iteration boundary")
+        state = {"trainable": self._trainable, "opt_state": self._opt_state}
+        if self._reference is not None:
+            state["reference"] = self._reference
+        return state
+
+    def checkpoint_shardings(self) -> dict:
+        """Target shardings of `checkpoint_state` on *this* trainer's mesh (for restore)."""
+        shardings = {"trainable": self._steps.trainable, "opt_state": self._steps.opt}
+        if self._reference is not None:
+            shardings["reference"] = self._steps.policy
+        return shardings
+
+    def load_checkpoint_state(self, state: dict, policy_version: int) -> None:
+        """Adopts restored pytrees (already placed with `checkpoint_shardings`) and the version."""
+        self._trainable = state["trainable"]
+        self._opt_state = state["opt_state"]
+        if self._reference is not None:
+            self._reference = state["reference"]
+        self.policy_version = int(policy_version)
+        self.discard_accumulated()

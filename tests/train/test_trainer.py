@@ -1,0 +1,149 @@
+"""AgentTrainer: exact micro-batch accumulation, versioned updates, sharding, bad input."""
+
+import jax
+import numpy as np
+import pytest
+
+from flexmarl_jax.mesh.meshes import make_mesh
+from flexmarl_jax.models import functional
+from flexmarl_jax.train.batch import build_iteration
+from flexmarl_jax.train.losses import LossConfig
+from flexmarl_jax.train.optim import OptimizerConfig
+from flexmarl_jax.train.trainer import AgentTrainer, TrainerConfig
+from tests.train.conftest import random_rows
+
+MAX_LEN = 12  # prompts <= 5 + responses <= 8 tokens, minus the last target
+FULL = 32  # one micro-batch holds the whole iteration
+LOSS = LossConfig(aggregation="token_mean", kl_coef=0.05)
+# eps=1e-6: with 1e-8 the first Adam step is ~lr*sign(g), which turns summation-order noise on
+# coordinates whose gradient is ~1e-9 (k_bias has an analytically zero gradient) into O(lr) changes.
+ADAM = OptimizerConfig(name="adam", learning_rate=1e-2, eps=1e-6, max_grad_norm=None)
+
+
+def rel_err(a, b) -> float:
+    """||a - b|| / ||b|| over all leaves (host numpy, float64)."""
+    a = [np.asarray(x, np.float64) for x in jax.device_get(jax.tree.leaves(a))]
+    b = [np.asarray(y, np.float64) for y in jax.device_get(jax.tree.leaves(b))]
+    num = sum(float(np.sum((x - y) ** 2)) for x, y in zip(a, b, strict=True))
+    return (num / sum(float(np.sum(y**2)) for y in b)) ** 0.5
+
+
+def all_zero(tree) -> bool:
+    return all(not np.any(np.asarray(x)) for x in jax.device_get(jax.tree.leaves(tree)))
+
+
+@pytest.fixture(scope="module")
+def initial(tiny_model_config):
+    """(graphdef, params) on one device, shared so every trainer starts from the same weights."""
+    return functional.init_params(tiny_model_config, seed=0)
+
+
+def make_trainer(cfg, initial, micro, *, agent="solver", mesh=None, loss=LOSS, optimizer=ADAM):
+    graphdef, params = initial
+    config = TrainerConfig(micro_batch_size=micro, max_len=MAX_LEN, loss=loss, optimizer=optimizer)
+    return AgentTrainer(agent, cfg, config, mesh=mesh, initial=(graphdef, params))
+
+
+def run_iteration(trainer, rows, micro, aggregation=LOSS.aggregation):
+    for batch in build_iteration(agent=trainer.agent, aggregation=aggregation, micro_batch_size=micro,
+                                 max_len=MAX_LEN, **rows):
+        trainer.accumulate(batch)
+
+
+@pytest.mark.parametrize("agent,num_samples", [("solver", 29), ("verifier", 13)])
+def test_accumulated_gradient_equals_full_batch(tiny_model_config, initial, agent, num_samples):
+    """k in {2, 4, 8} micro-batches (uneven counts: the last one is partly padding), KL on."""
+    rows = random_rows(num_samples, seed=num_samples)
+    full = make_trainer(tiny_model_config, initial, FULL, agent=agent)
+    run_iteration(full, rows, FULL)
+    reference = full.accumulated_gradients()
+    assert not all_zero(reference)
+    for k in (2, 4, 8):
+        micro = FULL // k
+        trainer = make_trainer(tiny_model_config, initial, micro, agent=agent)
+        run_iteration(trainer, rows, micro)
+        assert trainer.pending_micro_batches == -(-num_samples // micro)
+        err = rel_err(trainer.accumulated_gradients(), reference)
+        assert err < 1e-5, (k, err)
+
+
+def test_params_after_iteration_equal_full_batch_update(tiny_model_config, initial):
+    rows = random_rows(29, seed=1)
+    full, split = (make_trainer(tiny_model_config, initial, m) for m in (FULL, FULL // 4))
+    run_iteration(full, rows, FULL)
+    run_iteration(split, rows, FULL // 4)
+    before = jax.device_get(split.params)
+    metrics_full, metrics_split = full.apply(), split.apply()
+    assert full.policy_version == split.policy_version == 1
+    assert split.pending_micro_batches == 0
+    assert rel_err(split.params, before) > 1e-4  # the update did something
+    assert rel_err(split.params, full.params) < 1e-6
+    assert metrics_split["num_tokens"] == metrics_full["num_tokens"] == sum(len(r) for r in rows["response_ids"])
+    assert metrics_split["loss"] == pytest.approx(metrics_full["loss"], rel=1e-5, abs=1e-7)
+    # the accumulator was cleared: a new iteration starts from zero
+    assert all_zero(split.accumulated_gradients())
+
+
+@pytest.mark.parametrize("fsdp,tp", [(8, 1), (4, 2)])
+def test_sharded_run_equals_one_device(tiny_model_config, initial, fsdp, tp):
+    assert jax.device_count() >= 8, "tests/conftest.py fakes 8 CPU devices"
+    rows = random_rows(16, seed=2)
+    one = make_trainer(tiny_model_config, initial, 8)
+    mesh = make_mesh(jax.devices()[:fsdp * tp], fsdp=fsdp, tp=tp)
+    sharded = make_trainer(tiny_model_config, initial, 8, mesh=mesh)
+    # parameters and optimizer moments are split over the mesh, not replicated
+    embedding = sharded.params["embed"]["embedding"][...]
+    assert embedding.sharding.spec == jax.sharding.PartitionSpec("tp", "fsdp")  # [vocab, embed]
+    assert embedding.addressable_shards[0].data.size == embedding.size // (fsdp * tp)
+    moments = [x for x in jax.tree.leaves(sharded._opt_state) if x.shape == embedding.shape]
+    assert moments and all(m.addressable_shards[0].data.size == embedding.size // (fsdp * tp) for m in moments)
+    for trainer in (one, sharded):
+        run_iteration(trainer, rows, 8)
+    assert rel_err(sharded.accumulated_gradients(), one.accumulated_gradients()) < 1e-5
+    one.apply()
+    sharded.apply()
+    assert rel_err(sharded.params, one.params) < 1e-5
+    assert rel_err(sharded._opt_state, one._opt_state) < 1e-5
+
+
+def test_bad_micro_batches_are_rejected_before_anything_is_applied(tiny_model_config, initial):
+    trainer = make_trainer(tiny_model_config, initial, 8)
+    good = build_iteration(agent="solver", aggregation="token_mean", micro_batch_size=8, max_len=MAX_LEN,
+                           **random_rows(8))[0]
+    wrong_agent = build_iteration(agent="verifier", aggregation="token_mean", micro_batch_size=8,
+                                  max_len=MAX_LEN, **random_rows(8))[0]
+    wrong_rows = build_iteration(agent="solver", aggregation="token_mean", micro_batch_size=4,
+                                 max_len=MAX_LEN, **random_rows(4))[0]
+    cases = [
+        (wrong_agent, "belongs to agent 'verifier', but this trainer trains 'solver'"),
+        (wrong_rows, r"shape \(4, 12\); agent 'solver' needs \(8, 12\)"),
+        (good.replace(loss_mask=good.loss_mask.astype(np.int32)), "'loss_mask' has dtype int32; allowed: bool"),
+        (good.replace(advantages=good.advantages[:, :5]), r"'advantages' has shape \(8, 5\)"),
+    ]
+    for batch, message in cases:
+        with pytest.raises(ValueError, match=message):
+            trainer.accumulate(batch)
+    assert trainer.pending_micro_batches == 0
+    assert all_zero(trainer.accumulated_gradients())
+    with pytest.raises(RuntimeError, match="apply\\(\\) with no accumulated micro-batch"):
+        trainer.apply()
+    assert trainer.policy_version == 0
+    assert trainer.apply(allow_empty=True) == {} and trainer.policy_version == 1
+
+
+def test_logprobs_are_the_old_policy_of_the_iteration(tiny_model_config, initial):
+    """Old log-probs read from the trainer make the PPO ratio exactly 1 (nothing clipped)."""
+    trainer = make_trainer(tiny_model_config, initial, 8)
+    batch = build_iteration(agent="solver", aggregation="token_mean", micro_batch_size=8, max_len=MAX_LEN,
+                            **random_rows(8, seed=5))[0]
+    old = trainer.logprobs(batch)
+    assert old.shape == (8, MAX_LEN) and np.all(old[batch.loss_mask] < 0)
+    ref = trainer.logprobs(batch, which="reference")
+    np.testing.assert_allclose(ref, old, rtol=1e-6)  # reference == initial policy
+    trainer.accumulate(batch.replace(old_logprobs=np.where(batch.loss_mask, old, 0).astype(np.float32)))
+    metrics = trainer.apply()
+    assert metrics["clip_fraction"] == 0.0 and metrics["ratio"] == pytest.approx(1.0, abs=1e-5)
+    assert metrics["kl"] == pytest.approx(0.0, abs=1e-6)
+    moved = trainer.logprobs(batch)
+    assert np.abs(moved - old)[batch.loss_mask].max() > 1e-4  # params changed
+    np.testing.assert_allclose(trainer.logprobs(batch, which="reference"), ref)  # reference frozen
