@@ -117,14 +117,24 @@ def hf_logits(directory: str, tokens, mask, positions) -> np.ndarray:
     return out.logits.float().numpy()
 
 
+_JITTED: dict = {}
+
+
+def _jitted(name: str):
+    """One jit wrapper per functional entry point, so repeated calls reuse compilations."""
+    if name not in _JITTED:
+        import jax
+
+        from flexmarl_jax.models import functional
+
+        donate = {"decode_step": (4,)}.get(name, ())
+        _JITTED[name] = jax.jit(getattr(functional, name), static_argnums=0, donate_argnums=donate)
+    return _JITTED[name]
+
+
 def our_logits(graphdef, params, tokens, mask, positions) -> np.ndarray:
-    import jax
-
-    from flexmarl_jax.models import functional
-
-    return np.asarray(
-        jax.jit(functional.forward, static_argnums=0)(graphdef, params, tokens, positions, mask)
-    )
+    """Our float32 logits [B, T, V] (jitted `functional.forward`)."""
+    return np.asarray(_jitted("forward")(graphdef, params, tokens, positions, mask))
 
 
 def masked_max_abs_diff(a, b, mask) -> float:
@@ -136,7 +146,6 @@ def decode_max_abs_diff(
     graphdef, params, config, *, prompt_lengths=(3, 7, 12), steps: int = 32, seed: int = 0
 ):
     """Worst |cached - full| logit diff over prefill and `steps` teacher-forced decode steps."""
-    import jax
     import jax.numpy as jnp
 
     from flexmarl_jax.models import functional as F
@@ -152,11 +161,11 @@ def decode_max_abs_diff(
 
     prompt_mask = np.arange(prompt_width)[None] < lengths[:, None]
     cache = F.init_cache(config, batch, width)
-    logits, cache = jax.jit(F.prefill, static_argnums=0)(
+    logits, cache = _jitted("prefill")(
         graphdef, params, jnp.asarray(np.where(prompt_mask, tokens[:, :prompt_width], 0)), prompt_mask, cache
     )
     worst = masked_max_abs_diff(logits, reference[:, :prompt_width], prompt_mask)
-    step_fn = jax.jit(F.decode_step, static_argnums=0, donate_argnums=4)
+    step_fn = _jitted("decode_step")
     rows = np.arange(batch)
     for step in range(steps):
         pos = (lengths + step).astype(np.int32)

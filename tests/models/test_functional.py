@@ -13,6 +13,7 @@ from flexmarl_jax.models.presets import get_preset
 
 LLAMA_LIKE = dataclasses.replace(
     get_preset("tiny"),
+    num_layers=1,  # one layer keeps compile time down; the Qwen2 case covers layer stacking
     architecture="LlamaForCausalLM",
     qkv_bias=False,
     tie_word_embeddings=False,
@@ -26,7 +27,7 @@ LLAMA_LIKE = dataclasses.replace(
     },
 )
 QWEN3_LIKE = dataclasses.replace(
-    get_preset("tiny"), architecture="Qwen3ForCausalLM", qkv_bias=False, qk_norm=True
+    get_preset("tiny"), num_layers=1, architecture="Qwen3ForCausalLM", qkv_bias=False, qk_norm=True
 )
 
 forward = jax.jit(F.forward, static_argnums=0)

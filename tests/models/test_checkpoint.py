@@ -1,0 +1,157 @@
+"""HF import/export: parity with transformers, round trips, sharded files, bad input, bf16."""
+
+import dataclasses
+import json
+import os
+import shutil
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from flexmarl_jax.bench.parity import hf_logits, masked_max_abs_diff, our_logits, padded_batch
+from flexmarl_jax.models import safetensors_io
+from flexmarl_jax.models.checkpoint import HF_NAME_TABLE, from_pretrained, save_pretrained
+
+
+@pytest.mark.parametrize("kind", ["qwen2", "llama"])
+def test_logits_match_transformers_on_padded_batch(kind, hf_dirs, loaded):
+    model = loaded[kind]
+    tokens, mask, positions = padded_batch(model.config.vocab_size)
+    assert not mask.all()  # really padded
+    ours = our_logits(model.graphdef, model.params, tokens, mask, positions)
+    theirs = hf_logits(hf_dirs[kind], tokens, mask, positions)
+    assert masked_max_abs_diff(ours, theirs, mask) < 1e-4
+    assert np.abs(theirs[mask]).max() > 0.5  # the comparison is not between near-zero logits
+
+
+def test_loaded_configs_carry_the_family_features(loaded):
+    qwen2, llama = loaded["qwen2"].config, loaded["llama"].config
+    assert qwen2.qkv_bias and qwen2.tie_word_embeddings and qwen2.rope_scaling is None
+    assert not llama.qkv_bias and not llama.tie_word_embeddings
+    assert llama.rope_scaling["rope_type"] == "llama3" and llama.rope_theta == 500000.0
+    assert llama.num_heads == 2 * llama.num_kv_heads
+
+
+@pytest.mark.parametrize("kind", ["qwen2", "llama"])
+def test_export_in_several_shards_loads_in_transformers_and_back(kind, loaded, tmp_path):
+    model = loaded[kind]
+    files = save_pretrained((model.graphdef, model.params), tmp_path, max_shard_bytes=64 * 1024)
+    shards = [f for f in files if f.endswith(".safetensors")]
+    assert len(shards) > 1 and "model.safetensors.index.json" in files
+    index = json.loads((tmp_path / "model.safetensors.index.json").read_text())
+    assert set(index["weight_map"].values()) == set(shards)
+    if model.config.tie_word_embeddings:
+        assert "lm_head.weight" not in index["weight_map"]
+
+    tokens, mask, positions = padded_batch(model.config.vocab_size, seed=3)
+    ours = our_logits(model.graphdef, model.params, tokens, mask, positions)
+    assert masked_max_abs_diff(ours, hf_logits(str(tmp_path), tokens, mask, positions), mask) < 1e-4
+
+    again = from_pretrained(tmp_path)
+    assert again.config == model.config
+    for a, b in zip(jax.tree.leaves(model.params), jax.tree.leaves(again.params), strict=True):
+        np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+
+
+def test_single_file_bf16_round_trip_is_exact(loaded, tmp_path):
+    model = loaded["llama"]
+    bf16_params = jax.tree.map(lambda x: x.astype(jnp.bfloat16), model.params)
+    files = save_pretrained((model.graphdef, bf16_params), tmp_path)
+    assert files == ["config.json", "model.safetensors"]
+    assert json.loads((tmp_path / "config.json").read_text())["torch_dtype"] == "bfloat16"
+    again = from_pretrained(tmp_path, dtype=jnp.bfloat16)
+    for a, b in zip(jax.tree.leaves(bf16_params), jax.tree.leaves(again.params), strict=True):
+        assert b.dtype == jnp.bfloat16
+        np.testing.assert_array_equal(np.asarray(a, np.float32), np.asarray(b, np.float32))
+
+
+def test_bf16_parameters_give_float32_logits_close_to_float32(hf_dirs, loaded):
+    low = from_pretrained(hf_dirs["qwen2"], dtype=jnp.bfloat16)
+    assert {x.dtype for x in jax.tree.leaves(low.params)} == {jnp.dtype(jnp.bfloat16)}
+    tokens, mask, positions = padded_batch(low.config.vocab_size)
+    low_logits = our_logits(low.graphdef, low.params, tokens, mask, positions)
+    high = our_logits(loaded["qwen2"].graphdef, loaded["qwen2"].params, tokens, mask, positions)
+    assert low_logits.dtype == np.float32
+    diff = masked_max_abs_diff(low_logits, high, mask)
+    assert 0 < diff < 5e-2, diff  # bf16 really used, and still close
+
+
+def _copy_checkpoint(src, dst):
+    shutil.copytree(src, dst)
+    return dst
+
+
+def _edit_config(directory, **changes):
+    path = os.path.join(directory, "config.json")
+    with open(path) as f:
+        config = json.load(f)
+    for key, value in changes.items():
+        if value is None:
+            config.pop(key, None)
+        else:
+            config[key] = value
+    with open(path, "w") as f:
+        json.dump(config, f)
+
+
+def test_unsupported_architecture_is_named(hf_dirs, tmp_path):
+    directory = _copy_checkpoint(hf_dirs["llama"], tmp_path / "m")
+    _edit_config(directory, architectures=["MixtralForCausalLM"])
+    with pytest.raises(ValueError, match="'MixtralForCausalLM' is not supported.*LlamaForCausalLM"):
+        from_pretrained(directory)
+
+
+def test_missing_architecture_is_reported(hf_dirs, tmp_path):
+    directory = _copy_checkpoint(hf_dirs["llama"], tmp_path / "m")
+    _edit_config(directory, architectures=None, model_type="gpt2")
+    with pytest.raises(ValueError, match="names no architecture.*model_type='gpt2'"):
+        from_pretrained(directory)
+
+
+def _rewrite_tensors(directory, edit):
+    path = os.path.join(directory, "model.safetensors")
+    file = safetensors_io.SafetensorsFile(path)
+    tensors = {name: np.array(file.get(name)) for name in file.names}
+    del file
+    edit(tensors)
+    safetensors_io.save_file(tensors, path)
+
+
+def test_wrong_tensor_shape_is_named(hf_dirs, tmp_path):
+    directory = _copy_checkpoint(hf_dirs["llama"], tmp_path / "m")
+    name = "model.layers.1.self_attn.k_proj.weight"
+    _rewrite_tensors(directory, lambda t: t.__setitem__(name, t[name][:-1]))
+    with pytest.raises(ValueError, match=rf"tensor '{name}' .* shape \[31, 64\], expected \[32, 64\]"):
+        from_pretrained(directory)
+
+
+def test_missing_and_unexpected_tensors_are_named(hf_dirs, tmp_path):
+    missing = _copy_checkpoint(hf_dirs["llama"], tmp_path / "missing")
+    _rewrite_tensors(missing, lambda t: t.pop("model.layers.0.mlp.up_proj.weight"))
+    with pytest.raises(ValueError, match="lacks tensor 'model.layers.0.mlp.up_proj.weight'"):
+        from_pretrained(missing)
+    extra = _copy_checkpoint(hf_dirs["llama"], tmp_path / "extra")
+    _rewrite_tensors(
+        extra, lambda t: t.__setitem__("model.layers.0.self_attn.o_proj.bias", np.zeros(64, np.float32))
+    )
+    with pytest.raises(ValueError, match="does not use: \\['model.layers.0.self_attn.o_proj.bias'\\]"):
+        from_pretrained(extra)
+
+
+def test_every_table_row_is_used_by_some_family(loaded):
+    from flax import nnx
+
+    from flexmarl_jax.models.checkpoint import hf_name
+    from flexmarl_jax.models.functional import abstract_model
+    from flexmarl_jax.models.presets import get_preset
+
+    qwen3 = dataclasses.replace(
+        get_preset("tiny"), architecture="Qwen3ForCausalLM", qkv_bias=False, qk_norm=True
+    )
+    seen = set()
+    for config in (loaded["qwen2"].config, loaded["llama"].config, qwen3):
+        for path, _ in nnx.to_flat_state(abstract_model(config)[1]):
+            seen.add(hf_name(path)[0].replace(".0.", ".{i}.").replace(".1.", ".{i}."))
+    assert seen == {hf for _, hf, _ in HF_NAME_TABLE}
