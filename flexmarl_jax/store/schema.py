@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import dataclasses
 import enum
+import functools
 import re
 from collections.abc import Mapping, Sequence
 
@@ -56,17 +57,17 @@ class ColumnSpec:
     type_name: str
     role: str  # "meta" | "data" | "status"
 
-    @property
+    @functools.cached_property
     def kind(self) -> str:
         if self.type_name == "str":
             return "str"
         return "sequence" if self.type_name.endswith("[]") else "scalar"
 
-    @property
+    @functools.cached_property
     def by_reference(self) -> bool:
         return self.kind != "scalar"
 
-    @property
+    @functools.cached_property
     def dtype(self) -> np.dtype:
         """Element dtype: the value's dtype for scalars, the sequence element dtype, uint8 for str."""
         if self.kind == "scalar":

@@ -209,9 +209,10 @@ class ExperienceStore:
 
         A group is claimable when all of its ``group_size`` rows exist and are READY and every version a row
         depends on lies in ``[current - max_staleness, current]`` (with 0: exactly the current versions).
-        ``size`` counts rows and must be a multiple of every group size of the agent's live groups
-        (ValueError otherwise). When the claimable groups cannot fill exactly ``size`` rows the call returns
-        None (claiming nothing), or with ``allow_partial`` the whole groups that fit (at least one group).
+        ``size`` counts rows and, unless ``allow_partial``, must be a multiple of every group size of the
+        agent's live groups (ValueError otherwise). When the claimable groups cannot fill exactly ``size``
+        rows the call returns None (claiming nothing), or with ``allow_partial`` the whole groups that fit
+        (at least one group; groups may then differ in size).
         ``timeout``: seconds to wait for enough rows (0: do not wait; None: wait forever).
         ``columns``: data columns to read (default all).
         """

@@ -340,7 +340,9 @@ class AgentTable:
     def _select_groups(
         self, size: int, current: np.ndarray, max_staleness: int, allow_partial: bool
     ) -> np.ndarray | None:
-        for group_size in sorted(self._index.live_group_sizes()):
+        # An exact claim must be fillable by whole groups; a partial one takes whole groups up to `size`
+        # (agents with conditional calls have groups of varying sizes).
+        for group_size in [] if allow_partial else sorted(self._index.live_group_sizes()):
             if size % group_size:
                 raise ValueError(
                     f"size={size} is not a multiple of group_size={group_size} of agent {self.agent!r}; "

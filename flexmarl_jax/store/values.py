@@ -18,21 +18,31 @@ _ALLOWED_KINDS = {"i": "iu", "u": "iu", "f": "iuf", "b": "b"}
 
 
 def _check_kind(spec: ColumnSpec, array: np.ndarray) -> None:
-    target = spec.dtype
-    allowed = _ALLOWED_KINDS[target.kind]
-    if array.dtype.kind not in allowed:
+    _check_dtype(spec, array.dtype)
+    _check_range(spec, array)
+
+
+def _check_dtype(spec: ColumnSpec, dtype: np.dtype) -> None:
+    allowed = _ALLOWED_KINDS[spec.dtype.kind]
+    if dtype.kind not in allowed:
         raise TypeError(
-            f"column {spec.name!r} is {spec.type_name}; got values of dtype {array.dtype} "
+            f"column {spec.name!r} is {spec.type_name}; got values of dtype {dtype} "
             f"(allowed dtype kinds: {', '.join(_kind_names(allowed))})"
         )
-    if target.kind in "iu" and array.size:
-        info = np.iinfo(target)
-        low, high = array.min(), array.max()
-        if low < info.min or high > info.max:
-            raise TypeError(
-                f"column {spec.name!r} is {spec.type_name}; values range [{low}, {high}] does not fit "
-                f"[{info.min}, {info.max}]"
-            )
+
+
+def _check_range(spec: ColumnSpec, array: np.ndarray) -> None:
+    """Integers must fit the column's integer type (a cast would silently wrap them)."""
+    target = spec.dtype
+    if target.kind not in "iu" or not array.size or np.can_cast(array.dtype, target, "safe"):
+        return
+    info = np.iinfo(target)
+    low, high = array.min(), array.max()
+    if low < info.min or high > info.max:
+        raise TypeError(
+            f"column {spec.name!r} is {spec.type_name}; values range [{low}, {high}] does not fit "
+            f"[{info.min}, {info.max}]"
+        )
 
 
 def _kind_names(kinds: str) -> list[str]:
@@ -69,14 +79,19 @@ def coerce_sequences(spec: ColumnSpec, values: object, num_rows: int) -> list[np
         )
     if len(values) != num_rows:
         raise ValueError(f"column {spec.name!r} needs {num_rows} sequences, got {len(values)}")
-    sequences = []
-    for value in values:
-        array = np.asarray(value)
+    sequences = [value if isinstance(value, np.ndarray) else np.asarray(value) for value in values]
+    dtypes = set()
+    for array in sequences:
         if array.ndim != 1:
             raise ValueError(f"column {spec.name!r} holds 1-D sequences; got one of shape {array.shape}")
-        if array.size:
-            _check_kind(spec, array)
-        sequences.append(array.astype(spec.dtype, copy=False))
+        if array.size:  # an empty list comes out float64; it fits any column
+            dtypes.add(array.dtype)
+    for dtype in dtypes:
+        _check_dtype(spec, dtype)
+    if spec.dtype.kind in "iu" and any(not np.can_cast(dtype, spec.dtype, "safe") for dtype in dtypes):
+        _check_range(spec, np.concatenate([a for a in sequences if a.size]))
+    if dtypes != {spec.dtype}:
+        sequences = [array.astype(spec.dtype, copy=False) for array in sequences]
     return sequences
 
 
