@@ -45,9 +45,18 @@ class _Piece:
     first_copy: bool  # False for replicas of a shard already placed by another row
 
 
+# Packing needs a second copy of what it packs on the devices; splitting a move into waves of at most
+# this many bytes per device bounds that extra memory (each wave is packed, moved and freed in turn).
+MAX_WAVE_BYTES = 256 * 2**20
+
+
 @dataclasses.dataclass(frozen=True, eq=False)  # identity hash: make_layout caches one object per layout
 class PackedLayout:
-    """Where every leaf's local shards sit in the per-dtype packed buffers of one mesh."""
+    """Where every leaf's local shards sit in the packed buffers of one mesh.
+
+    A buffer ("group") holds leaves of one dtype; a dtype with more than ``MAX_WAVE_BYTES`` per device
+    spans several groups. Groups are moved in waves (a few groups per dispatch) of bounded size.
+    """
     mesh: Mesh
     specs: tuple[PartitionSpec, ...]
     shapes: tuple[tuple[int, ...], ...]
@@ -55,6 +64,11 @@ class PackedLayout:
     groups: tuple[tuple[str, tuple[int, ...]], ...]  # (dtype, leaf numbers in buffer order)
     row_sizes: tuple[int, ...]  # local elements per device, per group
     rows: tuple[tuple[tuple[_Piece, ...], ...], ...]  # [group][row] -> pieces
+    waves: tuple[tuple[int, ...], ...]  # group numbers moved together
+
+    @functools.cached_property
+    def shardings(self) -> tuple[NamedSharding, ...]:
+        return tuple(NamedSharding(self.mesh, spec) for spec in self.specs)
 
     @property
     def buffer_sharding(self) -> NamedSharding:
@@ -65,67 +79,93 @@ def _local_shape(shape: tuple[int, ...], sharding: NamedSharding) -> tuple[int, 
     return tuple(sharding.shard_shape(shape))
 
 
+def _split_by_bytes(items: list[int], nbytes: dict[int, int], limit: int) -> list[list[int]]:
+    """Consecutive runs of ``items`` of at most ``limit`` bytes each (an oversized item goes alone)."""
+    runs: list[list[int]] = [[]]
+    total = 0
+    for item in items:
+        if runs[-1] and total + nbytes[item] > limit:
+            runs.append([])
+            total = 0
+        runs[-1].append(item)
+        total += nbytes[item]
+    return [run for run in runs if run]
+
+
 @functools.lru_cache(maxsize=128)
 def make_layout(mesh: Mesh, specs: tuple[PartitionSpec, ...], shapes: tuple[tuple[int, ...], ...],
-                dtypes: tuple[str, ...]) -> PackedLayout:
+                dtypes: tuple[str, ...], max_wave_bytes: int | None = None) -> PackedLayout:
     """Builds (and caches) the packed layout for leaves of these shapes/dtypes/specs on ``mesh``."""
-    by_dtype: dict[str, list[int]] = {}
-    for leaf, dtype in enumerate(dtypes):
-        by_dtype.setdefault(dtype, []).append(leaf)
+    limit = MAX_WAVE_BYTES if max_wave_bytes is None else max_wave_bytes
     devices = list(mesh.devices.flat)
     shardings = [NamedSharding(mesh, spec) for spec in specs]
     index_maps = [s.devices_indices_map(shape) for s, shape in zip(shardings, shapes, strict=True)]
     local_shapes = [_local_shape(shape, s) for s, shape in zip(shardings, shapes, strict=True)]
+    local_sizes = [int(np.prod(shape, dtype=np.int64)) for shape in local_shapes]
+    local_bytes = {leaf: size * np.dtype(dtypes[leaf]).itemsize for leaf, size in enumerate(local_sizes)}
+    by_dtype: dict[str, list[int]] = {}
+    for leaf, dtype in enumerate(dtypes):
+        by_dtype.setdefault(dtype, []).append(leaf)
     groups, row_sizes, rows = [], [], []
-    for dtype, leaves in by_dtype.items():
-        seen: set[tuple[int, tuple]] = set()
-        group_rows = []
-        for device in devices:
-            pieces, offset = [], 0
-            for leaf in leaves:
-                index = index_maps[leaf][device]
-                key = (leaf, tuple((s.start, s.stop) for s in index))
-                size = int(np.prod(local_shapes[leaf], dtype=np.int64))
-                pieces.append(_Piece(leaf, offset, size, local_shapes[leaf], index, key not in seen))
-                seen.add(key)
-                offset += size
-            group_rows.append(tuple(pieces))
-        groups.append((dtype, tuple(leaves)))
-        row_sizes.append(offset)
-        rows.append(tuple(group_rows))
-    return PackedLayout(mesh, specs, shapes, dtypes, tuple(groups), tuple(row_sizes), tuple(rows))
+    for dtype, leaves_of_dtype in by_dtype.items():
+        for leaves in _split_by_bytes(leaves_of_dtype, local_bytes, limit):
+            seen: set[tuple[int, tuple]] = set()
+            group_rows = []
+            for device in devices:
+                pieces, offset = [], 0
+                for leaf in leaves:
+                    index = index_maps[leaf][device]
+                    key = (leaf, tuple((s.start, s.stop) for s in index))
+                    pieces.append(_Piece(leaf, offset, local_sizes[leaf], local_shapes[leaf], index,
+                                         key not in seen))
+                    seen.add(key)
+                    offset += local_sizes[leaf]
+                group_rows.append(tuple(pieces))
+            groups.append((dtype, tuple(leaves)))
+            row_sizes.append(offset)
+            rows.append(tuple(group_rows))
+    group_bytes = {g: size * np.dtype(groups[g][0]).itemsize for g, size in enumerate(row_sizes)}
+    waves = _split_by_bytes(list(range(len(groups))), group_bytes, limit)
+    return PackedLayout(mesh, specs, shapes, dtypes, tuple(groups), tuple(row_sizes), tuple(rows),
+                        tuple(tuple(w) for w in waves))
 
 
-@functools.lru_cache(maxsize=128)
-def _pack_fn(layout: PackedLayout):
-    """jit(shard_map): leaves with their specs -> one [num_devices, local_size] buffer per dtype."""
+@functools.lru_cache(maxsize=256)
+def _pack_fn(layout: PackedLayout, wave: int):
+    """jit(shard_map): the wave's leaves -> one [num_devices, local_size] buffer per group of the wave."""
+    in_leaves = sorted(leaf for g in layout.waves[wave] for leaf in layout.groups[g][1])
+    position = {leaf: i for i, leaf in enumerate(in_leaves)}
 
     def pack_local(*local_leaves):
-        return tuple(jnp.concatenate([local_leaves[leaf].ravel() for leaf in leaves])[None]
-                     for _, leaves in layout.groups)
+        return tuple(
+            jnp.concatenate([local_leaves[position[leaf]].ravel() for leaf in layout.groups[g][1]])[None]
+            for g in layout.waves[wave])
 
     row_spec = layout.buffer_sharding.spec
-    return jax.jit(jax.shard_map(pack_local, mesh=layout.mesh, in_specs=layout.specs,
-                                 out_specs=tuple(row_spec for _ in layout.groups), check_vma=False))
+    packed = jax.shard_map(pack_local, mesh=layout.mesh, in_specs=tuple(layout.specs[i] for i in in_leaves),
+                           out_specs=tuple(row_spec for _ in layout.waves[wave]), check_vma=False)
+    return in_leaves, jax.jit(packed)
 
 
-@functools.lru_cache(maxsize=128)
-def _unpack_fn(layout: PackedLayout):
-    """jit(shard_map): one [num_devices, local_size] buffer per dtype -> leaves with their specs."""
-    first_row = [group_rows[0] for group_rows in layout.rows]
+@functools.lru_cache(maxsize=256)
+def _unpack_fn(layout: PackedLayout, wave: int):
+    """jit(shard_map): the wave's buffers -> its leaves (ascending leaf number) with their specs."""
+    first_rows = [layout.rows[g][0] for g in layout.waves[wave]]
+    out_leaves = sorted(piece.leaf for pieces in first_rows for piece in pieces)
+    position = {leaf: i for i, leaf in enumerate(out_leaves)}
 
     def unpack_local(*local_buffers):
-        leaves = [None] * len(layout.shapes)
-        for buffer, pieces in zip(local_buffers, first_row, strict=True):
+        leaves = [None] * len(out_leaves)
+        for buffer, pieces in zip(local_buffers, first_rows, strict=True):
             for piece in pieces:  # every row has the same offsets; only the values differ
                 flat = buffer[0, piece.offset:piece.offset + piece.size]
-                leaves[piece.leaf] = flat.reshape(piece.local_shape)
+                leaves[position[piece.leaf]] = flat.reshape(piece.local_shape)
         return tuple(leaves)
 
     row_spec = layout.buffer_sharding.spec
-    return jax.jit(jax.shard_map(unpack_local, mesh=layout.mesh,
-                                 in_specs=tuple(row_spec for _ in layout.groups),
-                                 out_specs=layout.specs, check_vma=False))
+    unpacked = jax.shard_map(unpack_local, mesh=layout.mesh, in_specs=tuple(row_spec for _ in first_rows),
+                             out_specs=tuple(layout.specs[i] for i in out_leaves), check_vma=False)
+    return out_leaves, jax.jit(unpacked)
 
 
 def _common_mesh(shardings: Sequence[Sharding]) -> Mesh | None:
@@ -151,14 +191,24 @@ def _normalized_spec(spec: PartitionSpec, rank: int) -> PartitionSpec:
     return PartitionSpec(*entries)
 
 
-def pack(arrays: Sequence[jax.Array], layout: PackedLayout) -> tuple[jax.Array, ...]:
-    """Device leaves -> packed device buffers (one per dtype), in one dispatch."""
-    return _pack_fn(layout)(*arrays)
+def pack_wave(arrays: Sequence[jax.Array], layout: PackedLayout, wave: int) -> list[jax.Array]:
+    """Device leaves -> the packed device buffers of one wave, in one dispatch."""
+    in_leaves, fn = _pack_fn(layout, wave)
+    return list(fn(*[arrays[i] for i in in_leaves]))
 
 
-def unpack(buffers: Sequence[jax.Array], layout: PackedLayout) -> list[jax.Array]:
-    """Packed device buffers on ``layout.mesh`` -> leaves with the layout's shardings."""
-    return list(_unpack_fn(layout)(*buffers))
+def unpack_wave(buffers: Sequence[jax.Array], layout: PackedLayout, wave: int, out: list) -> None:
+    """Packed device buffers of one wave (on ``layout.mesh``) -> its leaves, written into ``out``."""
+    out_leaves, fn = _unpack_fn(layout, wave)
+    for leaf, array in zip(out_leaves, fn(*buffers), strict=True):
+        wanted = layout.shardings[leaf]
+        # XLA may spell the output sharding differently (e.g. ("fsdp", "tp") for "fsdp" when tp == 1);
+        # relabelling an equivalent sharding does not copy.
+        out[leaf] = array if array.sharding == wanted else jax.device_put(array, wanted)
+
+
+def _put_wave(buffers: Sequence, layout: PackedLayout) -> list[jax.Array]:
+    return jax.device_put(list(buffers), [layout.buffer_sharding] * len(buffers))
 
 
 def buffers_to_host(host_buffers: Sequence[np.ndarray], layout: PackedLayout) -> list[np.ndarray]:
@@ -223,11 +273,16 @@ def replication_overhead(layout: PackedLayout) -> float:
 
 
 def device_to_host_packed(arrays: Sequence[jax.Array], layout: PackedLayout) -> HostPacked:
-    """Device leaves (sharded as ``layout`` says) -> packed host buffers: one dispatch, one copy per dtype."""
-    buffers = pack(arrays, layout)
-    for buffer in buffers:
-        buffer.copy_to_host_async()  # start every copy before waiting on any
-    return HostPacked(layout, [np.asarray(buffer) for buffer in buffers])
+    """Device leaves (sharded as ``layout`` says) -> packed host buffers: a dispatch and a copy per wave."""
+    host_buffers: list[np.ndarray | None] = [None] * len(layout.groups)
+    for wave, groups in enumerate(layout.waves):
+        buffers = pack_wave(arrays, layout, wave)
+        for buffer in buffers:
+            buffer.copy_to_host_async()  # start every copy of the wave before waiting on any
+        for group, buffer in zip(groups, buffers, strict=True):
+            host_buffers[group] = np.asarray(buffer)
+        del buffers  # free the wave's device copy before packing the next one
+    return HostPacked(layout, host_buffers)
 
 
 def host_packed_to_device(value: HostPacked, layout: PackedLayout) -> list[jax.Array]:
@@ -236,8 +291,14 @@ def host_packed_to_device(value: HostPacked, layout: PackedLayout) -> list[jax.A
         buffers = value.buffers
     else:
         buffers = host_to_buffers(value.to_arrays(), layout)
-    device_buffers = jax.device_put(list(buffers), [layout.buffer_sharding] * len(layout.groups))
-    return unpack(device_buffers, layout)
+    return _put_and_unpack(buffers, layout)
+
+
+def _put_and_unpack(host_buffers: Sequence[np.ndarray], layout: PackedLayout) -> list[jax.Array]:
+    out: list = [None] * len(layout.shapes)
+    for wave, groups in enumerate(layout.waves):
+        unpack_wave(_put_wave([host_buffers[g] for g in groups], layout), layout, wave, out)
+    return out
 
 
 def device_to_host(arrays: Sequence[jax.Array], *, packed: bool = True) -> list[np.ndarray]:
@@ -258,9 +319,7 @@ def host_to_device(host_arrays: Sequence[np.ndarray], shardings: Sequence[Shardi
         if packed else None
     if layout is None:
         return [jax.device_put(a, s) for a, s in zip(host_arrays, shardings, strict=True)]
-    device_buffers = jax.device_put(host_to_buffers(host_arrays, layout),
-                                    [layout.buffer_sharding] * len(layout.groups))
-    return with_shardings(unpack(device_buffers, layout), shardings)
+    return with_shardings(_put_and_unpack(host_to_buffers(host_arrays, layout), layout), shardings)
 
 
 def device_to_device(arrays: Sequence[jax.Array], shardings: Sequence[Sharding], *,
@@ -286,8 +345,10 @@ def device_to_device(arrays: Sequence[jax.Array], shardings: Sequence[Sharding],
         return [jax.device_put(array, sharding) for array, sharding in zip(arrays, shardings, strict=True)]
     if not same_arrangement(source, target):
         return with_shardings(host_packed_to_device(device_to_host_packed(arrays, source), target), shardings)
-    moved = jax.device_put(list(pack(arrays, source)), [target.buffer_sharding] * len(target.groups))
-    return with_shardings(unpack(moved, target), shardings)
+    out: list = [None] * len(arrays)
+    for wave in range(len(source.waves)):
+        unpack_wave(_put_wave(pack_wave(arrays, source, wave), target), target, wave, out)
+    return with_shardings(out, shardings)
 
 
 def with_shardings(arrays: list[jax.Array], shardings: Sequence[Sharding]) -> list[jax.Array]:

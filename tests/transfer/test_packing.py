@@ -114,3 +114,23 @@ def test_device_to_host_frees_nothing_and_copies(meshes):
     assert not device_a[0].is_deleted()
     np.testing.assert_array_equal(np.asarray(device_a[0]), hosts[0])
     assert jax.device_get(device_a[0])[0, 0] != back[0][0, 0]
+
+
+def test_small_waves_bound_each_packed_buffer_and_still_move_exactly(meshes):
+    hosts, specs = make_leaves([(0, np.float32), (1, np.float32), (2, np.float32), (3, np.int32),
+                                (4, jnp.bfloat16)], seed=5)
+    shapes, dtypes = tuple(h.shape for h in hosts), tuple(np.dtype(h.dtype).name for h in hosts)
+    # 64 bytes per device per wave: the f32 leaves (32, 128 and 32 local bytes) cannot share a buffer.
+    layout = packing.make_layout(meshes["a"], tuple(specs), shapes, dtypes, max_wave_bytes=64)
+    assert len(layout.groups) >= 4 and len(layout.waves) >= 3
+    for size, (dtype, _) in zip(layout.row_sizes, layout.groups, strict=True):
+        nbytes = size * np.dtype(dtype).itemsize
+        assert nbytes <= 64 or len(_) == 1  # only a single oversized leaf may exceed the bound
+    on_a = [NamedSharding(meshes["a"], s) for s in specs]
+    device_a = packing.host_to_device(hosts, on_a)
+    host_packed = packing.device_to_host_packed(device_a, layout)
+    for host, back in zip(hosts, host_packed.to_arrays(), strict=True):
+        np.testing.assert_array_equal(back, host)
+    on_b_layout = packing.make_layout(meshes["b"], tuple(specs), shapes, dtypes, max_wave_bytes=64)
+    assert_same(packing.host_packed_to_device(host_packed, on_b_layout), hosts,
+                [NamedSharding(meshes["b"], s) for s in specs])
