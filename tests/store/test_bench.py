@@ -10,8 +10,17 @@ from flexmarl_jax.bench import store as store_bench
 @pytest.mark.timeout(120)
 def test_bench_store_json_keys(tmp_path):
     path = tmp_path / "store.json"
-    argv = ["--json", str(path), "--rows", "512", "--file-rows", "256", "--append-batch", "64", "--micro-batch",
-            "32", "--group-size", "8", "--response-tokens", "16", "--workdir", str(tmp_path)]  # fmt: skip
+    argv = ["--json", str(path), "--rows", "512", "--file-rows", "256", "--append-batch", "64"]
+    argv += [
+        "--micro-batch",
+        "32",
+        "--group-size",
+        "8",
+        "--response-tokens",
+        "16",
+        "--workdir",
+        str(tmp_path),
+    ]
     assert store_bench.main(argv) == 0
     results = json.loads(path.read_text())
     for prefix in ("", "file_"):
