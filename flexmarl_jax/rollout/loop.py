@@ -291,9 +291,9 @@ class RolloutLoop:
         stops = sequence.work.request.stop_strings
         if not stops:
             return False
-        window = max(len(s) for s in stops)
-        tail = self.tokenizer.decode(sequence.token_ids[-window:])
-        return any(tail.endswith(s) for s in stops)
+        # Decode the whole response: a token-count window can miss stops when some ids decode to "".
+        text = self.tokenizer.decode(sequence.token_ids)
+        return any(text.endswith(s) for s in stops)
 
     def _finish(self, sequence: _Sequence, reason: str) -> None:
         sequence.finish_reason = reason
