@@ -1,10 +1,10 @@
 """`flexmarl bench parity`: numerical parity of our decoder with transformers, cache, export, sharding, bf16.
 
-Builds tiny random Qwen2 (QKV bias, tied embeddings) and Llama (untied, Llama-3 rope scaling, GQA)
-models with transformers (torch, CPU), saves them with `save_pretrained`, and measures max abs
-logit differences on a right-padded batch (real positions only):
+Builds tiny random Qwen2 (QKV bias, tied embeddings), Llama (untied, Llama-3 rope scaling, GQA) and
+Qwen3 (q/k norm, head_dim != hidden/heads) models with transformers (torch, CPU), saves them with
+`save_pretrained`, and measures max abs logit differences on a right-padded batch (real positions only):
 
-  qwen2_max_abs_diff / llama_max_abs_diff   ours (from_pretrained) vs transformers
+  qwen2_max_abs_diff / llama_max_abs_diff   ours (from_pretrained) vs transformers (also qwen3_...)
   decode_max_abs_diff       prefill + 32 decode steps vs full forward, 3 prompts of different lengths
   roundtrip_max_abs_diff    our save_pretrained -> transformers loads -> vs our logits
   sharded_max_abs_diff      (fsdp=4, tp=2) mesh on 8 devices vs unsharded
@@ -26,6 +26,7 @@ import numpy as np
 THRESHOLDS = {
     "qwen2_max_abs_diff": 1e-4,
     "llama_max_abs_diff": 1e-4,
+    "qwen3_max_abs_diff": 1e-4,
     "decode_max_abs_diff": 1e-4,
     "roundtrip_max_abs_diff": 1e-4,
     "sharded_max_abs_diff": 1e-5,
@@ -51,34 +52,44 @@ def build_hf_checkpoint(kind: str, directory: str, *, seed: int = 0) -> str:
     so that every parameter influences the logits.
     """
     import torch
-    from transformers import LlamaConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCausalLM
+    from transformers import (
+        LlamaConfig,
+        LlamaForCausalLM,
+        Qwen2Config,
+        Qwen2ForCausalLM,
+        Qwen3Config,
+        Qwen3ForCausalLM,
+    )
+    from transformers.utils import logging as hf_logging
 
+    hf_logging.disable_progress_bar()
     torch.manual_seed(seed)
+    default_rope = {"rope_type": "default", "rope_theta": 10000.0}
     if kind == "qwen2":
         config = Qwen2Config(
-            vocab_size=96,
-            tie_word_embeddings=True,
-            rope_parameters={"rope_type": "default", "rope_theta": 10000.0},
-            **_TINY_SHAPES,
+            vocab_size=96, tie_word_embeddings=True, rope_parameters=default_rope, **_TINY_SHAPES
         )
         model = Qwen2ForCausalLM(config)
     elif kind == "llama":
+        llama3_rope = {
+            "rope_type": "llama3",
+            "rope_theta": 500000.0,
+            "factor": 8.0,
+            "low_freq_factor": 1.0,
+            "high_freq_factor": 4.0,
+            "original_max_position_embeddings": 16,
+        }
         config = LlamaConfig(
-            vocab_size=112,
-            tie_word_embeddings=False,
-            rope_parameters={
-                "rope_type": "llama3",
-                "rope_theta": 500000.0,
-                "factor": 8.0,
-                "low_freq_factor": 1.0,
-                "high_freq_factor": 4.0,
-                "original_max_position_embeddings": 16,
-            },
-            **_TINY_SHAPES,
+            vocab_size=112, tie_word_embeddings=False, rope_parameters=llama3_rope, **_TINY_SHAPES
         )
         model = LlamaForCausalLM(config)
+    elif kind == "qwen3":
+        config = Qwen3Config(
+            vocab_size=80, tie_word_embeddings=True, head_dim=24, rope_parameters=default_rope, **_TINY_SHAPES
+        )
+        model = Qwen3ForCausalLM(config)
     else:
-        raise ValueError(f"kind={kind!r}; allowed: 'qwen2', 'llama'")
+        raise ValueError(f"kind={kind!r}; allowed: 'qwen2', 'llama', 'qwen3'")
     with torch.no_grad():
         for name, param in model.named_parameters():
             if "norm" in name:
@@ -105,6 +116,9 @@ def hf_logits(directory: str, tokens, mask, positions) -> np.ndarray:
     """transformers' float32 logits [B, T, V] for a saved model directory."""
     import torch
     from transformers import AutoModelForCausalLM
+    from transformers.utils import logging as hf_logging
+
+    hf_logging.disable_progress_bar()
 
     model = AutoModelForCausalLM.from_pretrained(directory, dtype=torch.float32, attn_implementation="eager")
     model.eval()
@@ -184,7 +198,7 @@ def measure(workdir: str) -> dict:
 
     result: dict = {}
     loaded = {}
-    for kind in ("qwen2", "llama"):
+    for kind in ("qwen2", "llama", "qwen3"):
         directory = build_hf_checkpoint(kind, os.path.join(workdir, f"hf_{kind}"))
         loaded[kind] = from_pretrained(directory)
         tokens, mask, positions = padded_batch(loaded[kind].config.vocab_size)

@@ -136,6 +136,20 @@ def decode_step(graphdef, params, tokens, positions, cache):
     return logits[:, 0], cache
 
 
+def insert_cache(cache: dict, prefix: dict, slots) -> dict:
+    """Copies a prefilled cache into decode slots (JetStream's "insert").
+
+    prefix k/v [L, n, T, Hkv, D] (e.g. `prefill` on a batch of n with a cache of length T) go to
+    rows `slots` [n] of `cache` [L, B, S, Hkv, D] at positions 0..T-1 (T <= S). Entries past T keep
+    stale values, which decode never attends to before overwriting them. Jit-able; donate `cache`.
+    """
+    length = prefix["k"].shape[2]
+    slots = jnp.asarray(slots, jnp.int32).reshape(-1)
+    return {
+        name: cache[name].at[:, slots, :length].set(prefix[name].astype(cache[name].dtype)) for name in cache
+    }
+
+
 def param_count(params) -> int:
     """Total number of parameters (elements) in the pytree."""
     return sum(int(x.size) for x in jax.tree.leaves(params))

@@ -1,6 +1,5 @@
 """HF import/export: parity with transformers, round trips, sharded files, bad input, bf16."""
 
-import dataclasses
 import json
 import os
 import shutil
@@ -15,7 +14,7 @@ from flexmarl_jax.models import safetensors_io
 from flexmarl_jax.models.checkpoint import HF_NAME_TABLE, from_pretrained, save_pretrained
 
 
-@pytest.mark.parametrize("kind", ["qwen2", "llama"])
+@pytest.mark.parametrize("kind", ["qwen2", "llama", "qwen3"])
 def test_logits_match_transformers_on_padded_batch(kind, hf_dirs, loaded):
     model = loaded[kind]
     tokens, mask, positions = padded_batch(model.config.vocab_size)
@@ -32,6 +31,8 @@ def test_loaded_configs_carry_the_family_features(loaded):
     assert not llama.qkv_bias and not llama.tie_word_embeddings
     assert llama.rope_scaling["rope_type"] == "llama3" and llama.rope_theta == 500000.0
     assert llama.num_heads == 2 * llama.num_kv_heads
+    qwen3 = loaded["qwen3"].config
+    assert qwen3.qk_norm and not qwen3.qkv_bias and qwen3.head_dim * qwen3.num_heads != qwen3.hidden_size
 
 
 @pytest.mark.parametrize("kind", ["qwen2", "llama"])
@@ -145,13 +146,9 @@ def test_every_table_row_is_used_by_some_family(loaded):
 
     from flexmarl_jax.models.checkpoint import hf_name
     from flexmarl_jax.models.functional import abstract_model
-    from flexmarl_jax.models.presets import get_preset
 
-    qwen3 = dataclasses.replace(
-        get_preset("tiny"), architecture="Qwen3ForCausalLM", qkv_bias=False, qk_norm=True
-    )
     seen = set()
-    for config in (loaded["qwen2"].config, loaded["llama"].config, qwen3):
+    for config in (model.config for model in loaded.values()):
         for path, _ in nnx.to_flat_state(abstract_model(config)[1]):
             seen.add(hf_name(path)[0].replace(".0.", ".{i}.").replace(".1.", ".{i}."))
     assert seen == {hf for _, hf, _ in HF_NAME_TABLE}

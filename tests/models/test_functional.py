@@ -131,3 +131,27 @@ def test_prefill_longer_than_cache_is_rejected():
         F.prefill(
             graphdef, params, jnp.zeros((1, 6), jnp.int32), jnp.ones((1, 6), bool), F.init_cache(config, 1, 4)
         )
+
+
+def test_prefill_per_request_then_insert_into_slots_matches_batched_decode():
+    """The rollout pattern: prefill each request alone (own small cache), insert, decode together."""
+    config = get_preset("tiny")
+    graphdef, params = _model(config)
+    rng = np.random.default_rng(4)
+    lengths = [4, 2]
+    prompts = [rng.integers(4, 104, size=(1, 6)).astype(np.int32) for _ in lengths]
+    big = F.init_cache(config, 3, 16)
+    for slot, (prompt, n) in zip([2, 0], zip(prompts, lengths, strict=True), strict=True):
+        mask = np.arange(6)[None] < n
+        _, small = prefill(graphdef, params, prompt, mask, F.init_cache(config, 1, 6))
+        big = jax.jit(F.insert_cache)(big, small, jnp.array([slot]))
+    next_tokens = jnp.array([prompts[1][0, 1], 7, prompts[0][0, 2]], jnp.int32)
+    positions = jnp.array([lengths[1], 0, lengths[0]], jnp.int32)
+    logits, _ = decode_step(graphdef, params, next_tokens, positions, big)
+
+    for slot, prompt, n in ((2, prompts[0], lengths[0]), (0, prompts[1], lengths[1])):
+        sequence = np.concatenate([prompt[:, :n], np.asarray(next_tokens)[slot].reshape(1, 1)], axis=1)
+        full = forward(
+            graphdef, params, sequence, np.arange(n + 1, dtype=np.int32)[None], np.ones((1, n + 1), bool)
+        )
+        np.testing.assert_allclose(np.asarray(logits)[slot], np.asarray(full)[0, -1], atol=1e-4, rtol=0)
