@@ -28,7 +28,7 @@ class WriteBatch:
     """Array slice writes and blob writes that must become visible together."""
 
     array_writes: list[tuple[ts.TensorStore, object, np.ndarray]] = dataclasses.field(default_factory=list)
-    blob_writes: list[tuple[str, bytes]] = dataclasses.field(default_factory=list)
+    blob_writes: list[tuple[str, bytes | None]] = dataclasses.field(default_factory=list)  # None: delete
 
     def write(self, array: ts.TensorStore, index: object, values: np.ndarray) -> None:
         """``index`` is a slice (contiguous rows) or an int64 array of rows (scattered, via ``oindex``)."""
@@ -36,6 +36,9 @@ class WriteBatch:
 
     def put_blob(self, key: str, data: bytes) -> None:
         self.blob_writes.append((key, data))
+
+    def delete_blob(self, key: str) -> None:
+        self.blob_writes.append((key, None))
 
     def __bool__(self) -> bool:
         return bool(self.array_writes or self.blob_writes)
@@ -64,7 +67,8 @@ class Committer:
             self._next_seq += 1
             self._queue.append((seq, batch))
             for key, data in batch.blob_writes:
-                self._pending_blobs[key] = data
+                if data is not None:
+                    self._pending_blobs[key] = data
             return seq
 
     def pending_blob(self, key: str) -> bytes | None:
@@ -130,7 +134,7 @@ class Committer:
                 view = target.oindex[index] if isinstance(index, np.ndarray) else target[index]
                 in_flight[id(array)] = view.write(values)
                 futures.append(in_flight[id(array)])
-            for key, data in batch.blob_writes:  # every blob key is written once
+            for key, data in batch.blob_writes:  # a key is written once, maybe deleted later (in order)
                 futures.append(kvstore.write(key, data))
         for future in futures:
             future.result()

@@ -33,9 +33,15 @@ class ExperienceStore:
     """One table per agent; see the module docstring. Create with ``ExperienceStore.open``."""
 
     def __init__(
-        self, schema: TableSchema, tables: dict[str, AgentTable], committer: Committer, location: str
+        self,
+        schema: TableSchema,
+        tables: dict[str, AgentTable],
+        committer: Committer,
+        location: str,
+        kvstore: ts.KvStore,
     ):
         self.schema = schema
+        self.kvstore = kvstore  # holds every key of docs/store.md (also for the memory backend)
         self._tables = tables
         self._committer = committer
         self.location = location
@@ -50,6 +56,7 @@ class ExperienceStore:
         extra_columns: Mapping[str, object] | None = None,
         rows_per_chunk: int = 1024,
         must_exist: bool = False,
+        free_consumed_values: bool | None = None,
     ) -> ExperienceStore:
         """Opens (or creates) a store.
 
@@ -62,6 +69,10 @@ class ExperienceStore:
             the same for every agent; checked against the schema when reopening.
           rows_per_chunk: rows per zarr chunk of every column (only used when creating).
           must_exist: raise FileNotFoundError instead of creating a missing store.
+          free_consumed_values: delete the by-reference data values (tokens, log-probs, ...) of rows once
+            they are consumed or dropped, so a long run does not grow without bound; ``read_rows`` then
+            shows None for them. Default: True for the memory backend, False for the file backend (a
+            durable store keeps its experience for later analysis).
         """
         base_spec = layout.base_kvstore_spec(workdir, backend)
         context = ts.Context()
@@ -88,6 +99,7 @@ class ExperienceStore:
                         f"store at {location} has extra columns {schema.extra_columns}, not {wanted}"
                     )
         committer = Committer(kvstore)
+        free = backend == "memory" if free_consumed_values is None else bool(free_consumed_values)
         tables = {
             agent: AgentTable(
                 agent,
@@ -98,6 +110,7 @@ class ExperienceStore:
                 committer=committer,
                 rows_per_chunk=rows_per_chunk,
                 create=True,
+                free_consumed_values=free,
             )
             for agent in schema.agents
         }
@@ -105,7 +118,7 @@ class ExperienceStore:
             for table in tables.values():
                 table.load()
         logger.info("experience store at %s: agents %s", location, list(schema.agents))
-        return cls(schema, tables, committer, location)
+        return cls(schema, tables, committer, location, kvstore)
 
     # ---- helpers ----------
     @property

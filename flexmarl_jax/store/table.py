@@ -52,6 +52,7 @@ class AgentTable:
         committer: Committer,
         rows_per_chunk: int,
         create: bool,
+        free_consumed_values: bool,
     ):
         self.agent = agent
         self.schema = schema
@@ -78,6 +79,10 @@ class AgentTable:
         self._index = RowIndex(schema)
         self._cond = threading.Condition(threading.Lock())
         self._next_blob_id = 1  # blob id 0 means "no value"
+        # Rows whose current value of a data column lives in each blob: a blob nobody points at any more
+        # (values overwritten, or rows consumed/dropped when freeing) is deleted in the same transaction.
+        self._blob_rows: dict[tuple[str, int], int] = {}
+        self._free_consumed_values = free_consumed_values
 
     # ---- append ----------
     def append(
@@ -149,6 +154,7 @@ class AgentTable:
             rows = slice(start, start + num_rows)
             batch = WriteBatch()
             self._write_blobs(batch, packed, refs, rows)
+            self._track_blobs(refs, num_rows)
             columns_out = {
                 "state": state,
                 "turn": turns,
@@ -220,6 +226,30 @@ class AgentTable:
             refs[name] = column_refs
         return refs
 
+    def _track_blobs(self, refs: dict[str, np.ndarray], num_rows: int) -> None:
+        for name, column_refs in refs.items():
+            if name in self.data_specs and num_rows:
+                self._blob_rows[name, int(column_refs[0, 0])] = num_rows
+
+    def _release_blobs(self, batch: WriteBatch, name: str, blob_ids: np.ndarray) -> None:
+        """``blob_ids`` [rows] no longer hold these rows' values; deletes blobs left without rows."""
+        ids, counts = np.unique(blob_ids[blob_ids > 0], return_counts=True)
+        for blob_id, count in zip(ids.tolist(), counts.tolist(), strict=True):
+            left = self._blob_rows.get((name, blob_id), 0) - count
+            if left > 0:
+                self._blob_rows[name, blob_id] = left
+            else:
+                self._blob_rows.pop((name, blob_id), None)
+                batch.delete_blob(layout.blob_key(self.agent, name, blob_id))
+
+    def _free_values(self, batch: WriteBatch, rows: np.ndarray) -> None:
+        """Consumed/dropped rows give up their sequence values when the store frees them (memory default)."""
+        if not self._free_consumed_values:
+            return
+        for name, refs in self._index.refs.items():
+            self._release_blobs(batch, name, refs[rows, 0])
+            refs[rows] = 0
+
     def _write_blobs(self, batch: WriteBatch, packed: dict, refs: dict, rows: slice | np.ndarray) -> None:
         for name, (data, _) in packed.items():
             blob_id = int(refs[name][0, 0]) if len(refs[name]) else 0
@@ -259,7 +289,9 @@ class AgentTable:
             batch = WriteBatch()
             for name in packed:
                 refs[name] = refs[name][order]
+                self._release_blobs(batch, name, self._index.refs[name][row_ids, 0])
                 self._index.refs[name][row_ids] = refs[name]
+            self._track_blobs(refs, num_rows)
             self._write_blobs(batch, packed, refs, index)
             for name, value in values.items():
                 if not isinstance(value, list):
@@ -365,7 +397,7 @@ class AgentTable:
             return np.asarray(chosen, np.int64)
         return None
 
-    def _read_refs(self, refs: dict[str, np.ndarray]) -> dict[str, list]:
+    def _read_refs(self, refs: dict[str, np.ndarray], *, missing_ok: bool = False) -> dict[str, list]:
         """Values of by-reference columns: one ranged read per (column, blob) covering the rows asked for."""
         reads = {}
         for name, column_refs in refs.items():
@@ -396,6 +428,8 @@ class AgentTable:
                 low, raw = reads[name, blob_id]
                 if not isinstance(raw, bytes):
                     result = raw.result()
+                    if result.state != "value" and missing_ok:  # freed: the rows were consumed or dropped
+                        continue
                     if result.state != "value":
                         raise RuntimeError(f"blob {layout.blob_key(self.agent, name, blob_id)} is missing")
                     raw = result.value
@@ -419,6 +453,7 @@ class AgentTable:
             batch = WriteBatch()
             batch.write(self._arrays["state"], index, np.full(len(rows), RowState.CONSUMED, np.int32))
             batch.write(self._arrays["consumed_at"], index, np.full(len(rows), now))
+            self._free_values(batch, rows)
             seq = self._committer.enqueue(batch)
         self._committer.wait(seq)
         return len(rows)
@@ -439,6 +474,7 @@ class AgentTable:
             batch.write(
                 self._arrays["state"], _as_index(rows), np.full(len(rows), RowState.DROPPED, np.int32)
             )
+            self._free_values(batch, rows)
             seq = self._committer.enqueue(batch)
         self._committer.wait(seq)
         return len(rows)
@@ -487,7 +523,7 @@ class AgentTable:
             }
             out.update({n: index.scalars[n][rows] for n in names if n in index.scalars})
             refs = {n: index.refs[n][rows] for n in names if n in index.refs}
-        out.update(self._read_refs(refs))
+        out.update(self._read_refs(refs, missing_ok=True))
         return out
 
     def row_states(self, sample_ids: Sequence[str]) -> list[RowState]:
@@ -523,3 +559,11 @@ class AgentTable:
             state=state,
         )
         self._index.settle_loaded_groups()
+        finished = np.isin(self._index.state[:row_count], (RowState.CONSUMED, RowState.DROPPED))
+        for name, refs in self._index.refs.items():
+            if self._free_consumed_values:
+                refs[:row_count][finished] = 0  # their blobs were deleted when they finished
+            ids, counts = np.unique(refs[:row_count, 0], return_counts=True)
+            for blob_id, count in zip(ids.tolist(), counts.tolist(), strict=True):
+                if blob_id:
+                    self._blob_rows[name, blob_id] = count

@@ -44,7 +44,8 @@ def main(workdir: str, trial: int, seed: int) -> None:
     from flexmarl_jax.store import ExperienceStore
 
     rng = random.Random(seed)
-    store = ExperienceStore.open(workdir, agents=AGENTS, backend="file")
+    # Odd trials free consumed rows' sequence values (blob deletes inside the same transactions).
+    store = ExperienceStore.open(workdir, agents=AGENTS, backend="file", free_consumed_values=trial % 2 == 1)
     print("READY", flush=True)
     pending: list[list[str]] = []
     number = 0

@@ -72,17 +72,19 @@ def verify(store: ExperienceStore, reported: dict[str, set], trial: int, stats: 
         assert int(input_id[1:].split("g")[0]) <= trial
         assert groups[rows["group_id"][i]] == rows["group_size"][i], f"group of {sample_id} is not whole"
         want = child.expected_values(sample_id)
+        state = RowState(rows["state"][i])
         for name in APPEND_COLUMNS:
             assert rows["complete"][name][i], f"{sample_id}: {name} written at append is not complete"
         for name, value in want.items():
-            if rows["complete"][name][i]:
+            if rows["complete"][name][i] and rows[name][i] is None:  # freed by a consuming child
+                assert state == RowState.CONSUMED and np.ndim(value) == 1, f"{sample_id}.{name} lost"
+            elif rows["complete"][name][i]:
                 np.testing.assert_array_equal(rows[name][i], value, err_msg=f"{sample_id}.{name}")
             else:
                 assert sample_id not in reported["S"], f"{sample_id}: reported set but {name} is incomplete"
         for agent, version in child.expected_versions(input_id).items():
             assert rows["policy_versions"][agent][i] == version
         all_complete = all(rows["complete"][name][i] for name in want)
-        state = RowState(rows["state"][i])
         if sample_id in reported["X"]:
             assert state == RowState.CONSUMED, f"{sample_id} was reported consumed but is {state.name}"
         else:
@@ -109,6 +111,7 @@ def verify(store: ExperienceStore, reported: dict[str, set], trial: int, stats: 
     assert set(claimed) == should_be_claimable and not set(claimed) & consumed
     for batch in batches:  # claims are leases: the next child sees these rows READY again
         store.release(batch)
+    stats["consumed_rows_with_freed_values"] = sum(value is None for value in rows["response_tokens"])
     stats["rows"] = len(on_disk)
     stats["consumed"] = len(consumed)
     stats["leased_at_kill_reclaimed"] = len(leased_at_kill - consumed)

@@ -324,3 +324,34 @@ def test_missing_file_store_is_not_created_when_it_must_exist(tmp_path):
 def test_current_versions_must_name_every_agent(store):
     with pytest.raises(ValueError, match=r"unknown \['critic'\], missing \['planner'\]"):
         store.claim_micro_batch("solver", 2, current_versions={"solver": 0, "critic": 0})
+
+
+def _blob_keys(store, column):
+    return [
+        k for k in store.kvstore.list().result() if k.startswith(f"tables/solver/blobs/{column}/".encode())
+    ]
+
+
+@pytest.mark.parametrize("backend", ["memory", "file"])
+def test_blobs_without_rows_are_deleted_and_memory_frees_consumed_values(tmp_path, backend):
+    store = ExperienceStore.open(tmp_path, agents=AGENTS, backend=backend)
+    for i in range(3):
+        append_group(
+            store, f"q{i}", 2, columns={k: v for k, v in full_columns(2).items() if k != "advantage"}
+        )
+    assert len(_blob_keys(store, "response_tokens")) == 3
+    ids = ["q0_0_0", "q0_0_1"]
+    store.set_columns("solver", ids, {"response_tokens": [[7], [8]]})  # q0's old blob has no rows left
+    store.set_columns("solver", ["q1_0_0"], {"response_tokens": [[9]]})  # q1's old blob still holds q1_0_1
+    assert len(_blob_keys(store, "response_tokens")) == 4
+    store.set_columns(
+        "solver", [f"q{i}_0_{t}" for i in range(3) for t in range(2)], {"advantage": np.zeros(6)}
+    )
+    store.mark_consumed(store.claim_micro_batch("solver", 6, current_versions=0))
+    rows = store.read_rows("solver")
+    if backend == "memory":  # consumed rows give their sequence values back
+        assert _blob_keys(store, "response_tokens") == [] and _blob_keys(store, "prompt_tokens") == []
+        assert rows["response_tokens"] == [None] * 6
+    else:  # a durable store keeps its experience
+        assert len(_blob_keys(store, "response_tokens")) == 4
+        assert [r.tolist() for r in rows["response_tokens"][:3]] == [[7], [8], [9]]
