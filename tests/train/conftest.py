@@ -1,7 +1,14 @@
 """Fixtures for trainer tests: a random iteration of store-like rows and a tiny model config."""
 
+import jax
 import numpy as np
 import pytest
+
+from flexmarl_jax.models import functional
+from flexmarl_jax.train.batch import build_iteration
+from flexmarl_jax.train.losses import LossConfig
+from flexmarl_jax.train.optim import OptimizerConfig
+from flexmarl_jax.train.trainer import AgentTrainer, TrainerConfig
 
 
 def random_rows(num_samples: int, seed: int = 0, max_prompt: int = 5, max_response: int = 8, vocab=(3, 100)):
@@ -27,3 +34,40 @@ def tiny_model_config():
     from flexmarl_jax.models.presets import get_preset
 
     return dataclasses.replace(get_preset("tiny"), num_layers=1)
+
+
+MAX_LEN = 12  # prompts <= 5 + responses <= 8 tokens, minus the last target
+FULL = 32  # one micro-batch holds the whole iteration
+LOSS = LossConfig(aggregation="token_mean", kl_coef=0.05)
+# eps=1e-6: with 1e-8 the first Adam step is ~lr*sign(g), which turns summation-order noise on
+# coordinates whose gradient is ~1e-9 (k_bias has an analytically zero gradient) into O(lr) changes.
+ADAM = OptimizerConfig(name="adam", learning_rate=1e-2, eps=1e-6, max_grad_norm=None)
+
+
+def rel_err(a, b) -> float:
+    """||a - b|| / ||b|| over all leaves (host numpy, float64)."""
+    a = [np.asarray(x, np.float64) for x in jax.device_get(jax.tree.leaves(a))]
+    b = [np.asarray(y, np.float64) for y in jax.device_get(jax.tree.leaves(b))]
+    num = sum(float(np.sum((x - y) ** 2)) for x, y in zip(a, b, strict=True))
+    return (num / sum(float(np.sum(y**2)) for y in b)) ** 0.5
+
+
+def all_zero(tree) -> bool:
+    return all(not np.any(np.asarray(x)) for x in jax.device_get(jax.tree.leaves(tree)))
+
+
+@pytest.fixture(scope="session")
+def initial(tiny_model_config):
+    """(graphdef, params) on one device, shared so every trainer starts from the same weights."""
+    return functional.init_params(tiny_model_config, seed=0)
+
+
+def make_trainer(cfg, initial, micro, *, agent="solver", mesh=None, loss=LOSS, optimizer=ADAM):
+    config = TrainerConfig(micro_batch_size=micro, max_len=MAX_LEN, loss=loss, optimizer=optimizer)
+    return AgentTrainer(agent, cfg, config, mesh=mesh, initial=initial)
+
+
+def run_iteration(trainer, rows, micro, aggregation=LOSS.aggregation):
+    for batch in build_iteration(agent=trainer.agent, aggregation=aggregation, micro_batch_size=micro,
+                                 max_len=MAX_LEN, **rows):
+        trainer.accumulate(batch)
