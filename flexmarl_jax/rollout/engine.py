@@ -172,7 +172,15 @@ class FlexEngine(engine_api.Engine):
         # Donating the decode state lets XLA update the KV cache in place.
         self._insert_jit = jax.jit(self._insert_impl, donate_argnums=(1,))
         self._generate_jit = jax.jit(self._generate_impl, donate_argnums=(1,))
-        self._init_state_jit = jax.jit(self._init_state_impl, out_shardings=self._replicated)
+        cache_sharding = functional.cache_shardings(
+            self._mesh, engine_config.max_concurrent_decodes, model_config, engine_config.cache_length
+        )
+        rep = self._replicated
+        state_shardings = DecodeState(
+            cache={"k": cache_sharding, "v": cache_sharding}, next_logits=rep, positions=rep, generated=rep,
+            temperature=rep, top_k=rep, top_p=rep, seed=rep, sample_index=rep,
+        )
+        self._init_state_jit = jax.jit(self._init_state_impl, out_shardings=state_shardings)
 
     # ----------------------------------------------------------------- Engine API
     def load_params(self, *args, **kwargs) -> Any:
@@ -272,6 +280,15 @@ class FlexEngine(engine_api.Engine):
         return None
 
     # ----------------------------------------------------------------- helpers
+    def warm_up(self, params: Any) -> None:
+        """Compiles every entry point (prefill and insert per bucket, generate) ahead of traffic."""
+        state = self.init_decode_state()
+        for bucket in self.config.prefill_buckets:
+            prefix = self.prefill(params=params, padded_tokens=np.zeros((bucket,), np.int32), true_length=1)
+            state = self.insert(prefix, state, 0)
+        state, result = self.generate(params, state)
+        jax.block_until_ready(result.data)
+
     def compiled_cache_sizes(self) -> dict[str, int]:
         """Number of compiled variants per jitted entry point (for no-recompile checks)."""
         return {

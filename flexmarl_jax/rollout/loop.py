@@ -50,6 +50,7 @@ class RolloutRequest:
     stop_token_ids: tuple[int, ...] = ()
     stop_strings: tuple[str, ...] = ()
     on_done: Callable[[list[SequenceResult]], None] | None = None
+    on_error: Callable[[BaseException], None] | None = None
 
     def __post_init__(self) -> None:
         if len(self.prompt_ids) == 0:
@@ -116,7 +117,7 @@ class RolloutLoop:
     """
 
     def __init__(self, engine: FlexEngine, params: Any, *, policy_version: int = 0, tokenizer: Any = None,
-                 share_prefill: bool = True):
+                 share_prefill: bool = True, defer_callbacks: bool = False):
         self.engine = engine
         self.params = params
         self.policy_version = policy_version
@@ -128,6 +129,10 @@ class RolloutLoop:
         self._inflight: collections.deque = collections.deque()  # (result tokens, slot owners)
         self._tickets = itertools.count()
         self.admission_open = True
+        # With defer_callbacks, finished requests' on_done calls wait in _deliveries until the owner
+        # runs them (EngineInstance does so outside its lock, so callbacks may submit new work).
+        self.defer_callbacks = defer_callbacks
+        self._deliveries: list[tuple[Callable, list[SequenceResult]]] = []
         self.steps = 0
         self.generated_tokens = 0
 
@@ -208,6 +213,15 @@ class RolloutLoop:
             self.submit(dataclasses.replace(request, on_done=done))
         self.run_until_idle()
         return [outputs[i] for i in range(len(requests))]
+
+    def pending_error_callbacks(self) -> list:
+        """`on_error` of every unfinished request; forgets them (used when the engine fails)."""
+        works = {id(w): w for w in self._queue}
+        works.update({id(s.work): s.work for s in self._slots if s is not None})
+        self._queue.clear()
+        self._slots = [None] * len(self._slots)
+        self._inflight.clear()
+        return [w.request.on_error for w in works.values() if len(w.results) < w.request.num_samples]
 
     # ---------------------------------------------------------------- version control
     def set_params(self, params: Any, policy_version: int) -> None:
@@ -310,4 +324,12 @@ class RolloutLoop:
         if len(work.results) == work.request.num_samples:
             results = [work.results[i] for i in range(work.request.num_samples)]
             if work.request.on_done is not None:
-                work.request.on_done(results)
+                if self.defer_callbacks:
+                    self._deliveries.append((work.request.on_done, results))
+                else:
+                    work.request.on_done(results)
+
+    def take_deliveries(self) -> list[tuple[Callable, list[SequenceResult]]]:
+        """Deferred (on_done, results) pairs, oldest first; the caller runs them."""
+        deliveries, self._deliveries = self._deliveries, []
+        return deliveries

@@ -53,6 +53,8 @@ def make_tiny_model(seed: int = 0) -> TinyModel:
     config = get_preset("tiny")
     graphdef, params = functional.init_params(config, seed=seed)
     params = jax.tree.map(lambda x: x * SHARPEN, params)
+    # committed like the params an EngineInstance serves, so every test shares one set of compiles
+    params = jax.device_put(params, jax.tree.map(lambda x: x.sharding, params))
     return TinyModel(config, graphdef, params, CharTokenizer())
 
 
@@ -69,7 +71,9 @@ def engine(tiny_model):
 
     config = EngineConfig(max_concurrent_decodes=8, max_prefill_length=32, max_decode_length=24,
                           prefill_buckets=(8, 16, 32))
-    return FlexEngine(tiny_model.config, tiny_model.graphdef, config, tiny_model.tokenizer, params=tiny_model.params)
+    engine = FlexEngine(tiny_model.config, tiny_model.graphdef, config, tiny_model.tokenizer, params=tiny_model.params)
+    engine.warm_up(tiny_model.params)
+    return engine
 
 
 @pytest.fixture

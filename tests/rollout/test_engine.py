@@ -121,8 +121,7 @@ def test_stop_tokens_and_stop_strings_end_sequences(loop, tiny_model):
 
 def test_no_compilation_after_warmup_across_100_varied_requests(engine, tiny_model):
     loop = RolloutLoop(engine, tiny_model.params)
-    for bucket in engine.config.prefill_buckets:  # warm-up: one prompt per bucket
-        loop.generate([RolloutRequest(tuple([1] + [5] * (bucket - 1)), max_new_tokens=2)])
+    engine.warm_up(tiny_model.params)  # one prefill + insert per bucket, one generate
     rng = np.random.default_rng(0)
     prompts = prompts_of_mixed_lengths(tiny_model.tokenizer, 100, seed=5, max_chars=31)
     requests = [

@@ -1,0 +1,108 @@
+"""`EngineBackend`: the workflows' `GenerationBackend` served by engine instances.
+
+`submit` tokenises the prompt, picks the instance of the request's agent with the
+least outstanding work (a stand-in until the router lands), enqueues one
+`RolloutRequest` (all samples share one prefill) and returns a future that resolves
+with one `Completion` per sample, in sample order.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import zlib
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from flexmarl_jax.rollout.engine import SlotSampling
+from flexmarl_jax.rollout.instance import EngineInstance
+from flexmarl_jax.rollout.loop import RolloutRequest, SequenceResult
+from flexmarl_jax.workflows.generation import Completion, GenerationRequest
+
+
+class EngineBackend:
+    """GenerationBackend over `instances[agent]` (each agent's engine instances).
+
+    Args:
+      instances: agent name -> its EngineInstances (at least one each).
+      tokenizer: our Tokenizer; prompts get a BOS when the tokenizer has one.
+      start: start every instance's thread now (and stop them in `close()`); with False the
+        caller drives the instances with `step()`.
+    """
+
+    def __init__(self, instances: Mapping[str, Sequence[EngineInstance]], tokenizer: Any, *, start: bool = True):
+        for agent, agent_instances in instances.items():
+            if not agent_instances:
+                raise ValueError(f"agent {agent!r} has no engine instance; every agent needs at least one")
+        self.instances = {agent: list(agent_instances) for agent, agent_instances in instances.items()}
+        self.tokenizer = tokenizer
+        self._started = start
+        if start:
+            for agent_instances in self.instances.values():
+                for instance in agent_instances:
+                    instance.start()
+
+    def submit(self, request: GenerationRequest) -> concurrent.futures.Future[list[Completion]]:
+        """Raises ValueError at once for an unknown agent, an empty or too long prompt, or bad sampling."""
+        if request.agent not in self.instances:
+            raise ValueError(f"request {request.request_id!r}: unknown agent {request.agent!r}; "
+                             f"served agents: {sorted(self.instances)}")
+        if not request.prompt:
+            raise ValueError(f"request {request.request_id!r}: empty prompt")
+        sampling = request.sampling
+        # A request without a seed still gets a reproducible one, derived from its id.
+        seed = sampling.seed if sampling.seed is not None else zlib.crc32(request.request_id.encode())
+        future: concurrent.futures.Future[list[Completion]] = concurrent.futures.Future()
+        future.set_running_or_notify_cancel()
+        prompt_ids = tuple(self.tokenizer.encode(request.prompt, add_bos=True))
+
+        def on_done(results: list[SequenceResult]) -> None:
+            future.set_result([self._completion(r) for r in results])
+
+        rollout_request = RolloutRequest(
+            prompt_ids=prompt_ids,
+            num_samples=request.num_samples,
+            sampling=SlotSampling(temperature=sampling.temperature, top_k=sampling.top_k, top_p=sampling.top_p,
+                                  seed=seed),
+            max_new_tokens=sampling.max_new_tokens,
+            stop_strings=tuple(sampling.stop),
+            on_done=on_done,
+            on_error=future.set_exception,
+        )
+        self.pick_instance(request.agent).submit(rollout_request)
+        return future
+
+    def pick_instance(self, agent: str) -> EngineInstance:
+        """Least outstanding tokens first, then fewest queued requests."""
+        def key(instance: EngineInstance):
+            load = instance.load()
+            return (load.outstanding_tokens, load.queued_requests)
+
+        return min(self.instances[agent], key=key)
+
+    def update_params(self, agent: str, params: Any, version: int) -> None:
+        """Hands new weights to every instance of `agent` (applied at each one's next step boundary)."""
+        for instance in self.instances[agent]:
+            instance.update_params(params, version)
+
+    def close(self) -> None:
+        if self._started:
+            for agent_instances in self.instances.values():
+                for instance in agent_instances:
+                    instance.stop()
+            self._started = False
+
+    def __enter__(self) -> EngineBackend:
+        return self
+
+    def __exit__(self, *exc_info) -> None:
+        self.close()
+
+    def _completion(self, result: SequenceResult) -> Completion:
+        return Completion(
+            text=self.tokenizer.decode(result.token_ids),
+            prompt_token_ids=result.prompt_ids,
+            token_ids=result.token_ids,
+            logprobs=result.logprobs,
+            finish_reason=result.finish_reason,
+            policy_version=result.policy_version,
+        )
