@@ -1,11 +1,18 @@
 """AgentTrainer: exact micro-batch accumulation, versioned updates, sharding, bad input."""
 
+import dataclasses
+
 import jax
 import numpy as np
 import pytest
 
 from flexmarl_jax.mesh.meshes import make_mesh
+from flexmarl_jax.models import functional
+from flexmarl_jax.train.advantages import gae
+from flexmarl_jax.train.algorithms import loss_config_for
 from flexmarl_jax.train.batch import build_iteration
+from flexmarl_jax.train.optim import OptimizerConfig
+from flexmarl_jax.train.trainer import AgentTrainer, TrainerConfig
 from tests.train.conftest import FULL, MAX_LEN, all_zero, make_trainer, random_rows, rel_err, run_iteration
 
 
@@ -106,3 +113,55 @@ def test_logprobs_are_the_old_policy_of_the_iteration(tiny_model_config, initial
     moved = trainer.logprobs(batch)
     assert np.abs(moved - old)[batch.loss_mask].max() > 1e-4  # params changed
     np.testing.assert_allclose(trainer.logprobs(batch, which="reference"), ref)  # reference frozen
+
+
+def test_heterogeneous_agents_have_own_model_optimizer_and_mesh(tiny_model_config, initial):
+    solver = make_trainer(tiny_model_config, initial, 8, agent="solver")
+    other_model = dataclasses.replace(tiny_model_config, hidden_size=32, intermediate_size=64, num_heads=2,
+                                      num_kv_heads=1)
+    sgd = OptimizerConfig(name="sgd", learning_rate=0.5, max_grad_norm=None)
+    verifier = AgentTrainer("verifier", other_model,
+                            TrainerConfig(micro_batch_size=4, max_len=MAX_LEN, optimizer=sgd),
+                            mesh=make_mesh(jax.devices()[4:8], fsdp=4), seed=1)
+    assert functional.param_count(verifier.params) < functional.param_count(solver.params)
+    assert verifier.params["embed"]["embedding"][...].sharding.mesh.devices.flat[0] == jax.devices()[4]
+
+    run_iteration(solver, random_rows(16, seed=7), 8)
+    run_iteration(verifier, random_rows(6, seed=8), 4, aggregation=verifier.config.loss.aggregation)
+    with pytest.raises(ValueError, match="belongs to agent 'solver'"):
+        verifier.accumulate(build_iteration(agent="solver", aggregation="token_mean", micro_batch_size=4,
+                                            max_len=MAX_LEN, **random_rows(4))[0])
+    grads = jax.device_get(verifier.accumulated_gradients()["policy"])
+    before = jax.device_get(verifier.params)
+    solver.apply()
+    verifier.apply()
+    assert solver.policy_version == verifier.policy_version == 1
+    expected = jax.tree.map(lambda p, g: p - 0.5 * g, before, grads)  # plain SGD with this agent's lr
+    assert rel_err(verifier.params, expected) < 1e-6
+
+
+def test_ppo_critic_learns_returns(tiny_model_config, initial):
+    trainer = make_trainer(tiny_model_config, initial, 8, loss=loss_config_for("ppo", gae_lambda=1.0))
+    rows = random_rows(16, seed=9)
+    rewards = np.where(np.arange(16) % 2 == 0, 1.0, -1.0).astype(np.float32)
+    batches = build_iteration(agent="solver", aggregation="token_mean", micro_batch_size=8, max_len=MAX_LEN,
+                              **rows)
+    value_losses = []
+    for _ in range(6):
+        prepared = []
+        for i, batch in enumerate(batches):
+            values = trainer.values(batch)
+            mask = batch.loss_mask
+            last = mask & ~np.roll(mask, -1, axis=1)  # the last response token of each row
+            token_rewards = np.where(last, rewards[i * 8:(i + 1) * 8, None], 0.0)
+            advantages, returns = gae(token_rewards, values, mask, gamma=1.0, lam=1.0)
+            expected_returns = np.where(mask, rewards[i * 8:(i + 1) * 8, None], 0.0)
+            np.testing.assert_allclose(np.asarray(returns), expected_returns, atol=1e-5)
+            prepared.append(batch.replace(advantages=np.asarray(advantages, np.float32),
+                                          old_values=np.where(mask, values, 0).astype(np.float32),
+                                          returns=np.asarray(returns, np.float32)))
+        for batch in prepared:
+            trainer.accumulate(batch)
+        value_losses.append(trainer.apply()["value_loss"])
+    assert value_losses[0] == pytest.approx(0.5, rel=1e-3)  # zero-initialised head: 0.5 * (0 - +-1)^2
+    assert value_losses[-1] < 0.5 * value_losses[0], value_losses
