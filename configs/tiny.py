@@ -32,7 +32,11 @@ def get_config(variant: str | None = None) -> ml_collections.ConfigDict:
 
     config.workflow = ml_collections.ConfigDict()
     config.workflow.name = "chain"  # chain | debate | mixture
-    config.workflow.task = "arithmetic"  # embedded task (arithmetic | countdown | ...) or a .jsonl path
+    config.workflow.agents = AGENT_NAMES  # agents in the workflow's role order (chain: solver, verifier, corrector)
+    config.workflow.task = "arithmetic"  # embedded task (arithmetic | countdown | reverse) or a .jsonl path
+    config.workflow.task_options = ml_collections.ConfigDict()  # keyword arguments of the task's constructor
+    config.workflow.task_options.max_digits = 1  # arithmetic: digits per operand
+    config.workflow.task_options.operators = "+"  # arithmetic: operators to draw from
     config.workflow.queries_per_iteration = 16  # distinct queries rolled out per iteration
     config.workflow.samples_per_query = 4  # trajectories per query (the GRPO group size)
     config.workflow.warmup_steps = 0  # supervised warm-up steps before the first RL iteration

@@ -23,8 +23,8 @@ SECTION_FIELDS = {
     "": {"seed": int, "workdir": str, "iterations": int, "agents": dict, "workflow": dict, "rollout": dict,
          "train": dict, "mesh": dict, "store": dict, "pipeline": dict},
     "agents.*": {"model": str, "temperature": float, "top_k": int, "top_p": float, "learning_rate": float},
-    "workflow": {"name": str, "task": str, "queries_per_iteration": int, "samples_per_query": int,
-                 "warmup_steps": int},
+    "workflow": {"name": str, "agents": tuple, "task": str, "task_options": dict, "queries_per_iteration": int,
+                 "samples_per_query": int, "warmup_steps": int},
     "rollout": {"instances_per_agent": int, "decode_slots": int, "max_prompt_length": int,
                 "max_response_length": int},
     "train": {"algorithm": str, "learning_rate": float, "global_batch_size": int, "micro_batch_size": int,
@@ -108,6 +108,10 @@ def validate_config(config: ml_collections.ConfigDict, *, available_devices: int
         _check_fields(config[section], section, fields)
     if len(config.agents) == 0:
         raise ConfigError("config.agents is empty; declare at least one agent")
+    roles = tuple(config.workflow.agents)
+    if sorted(roles) != sorted(config.agents.keys()) or len(set(roles)) != len(roles):
+        raise ConfigError(f"config.workflow.agents={roles} must list each agent of config.agents once; "
+                          f"agents: {', '.join(sorted(config.agents.keys()))}")
     for name in config.agents.keys():
         _check_fields(config.agents[name], f"agents.{name}", SECTION_FIELDS["agents.*"])
         agent = config.agents[name]

@@ -1,0 +1,318 @@
+"""The joint orchestrator: one iteration of multi-agent RL in any pipeline mode, with one code path.
+
+An iteration (ARCHITECTURE.md): the workflow rolls out queries x samples trajectories through the
+generation backend; every agent call streams into the experience store; each agent's dispatcher claims
+micro-batches of complete groups and accumulates their gradients — while rollout still runs in the
+`flexmarl` mode, after it in `sync` and `serial`; once everything is consumed all agents apply their update
+together (version v -> v+1) and the new weights reach the rollout instances before the next rollout.
+
+`max_staleness = k > 0`: the next iteration's rollout starts as soon as the current rollout ends (on the
+weights rollout has then), overlapping the current iteration's training; its rows are held back until the
+current iteration's micro-batches are done, are trained one version later, and any row beyond the bound is
+dropped, never trained.
+"""
+
+from __future__ import annotations
+
+import collections
+import dataclasses
+import logging
+import threading
+import zlib
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
+
+import numpy as np
+
+from flexmarl_jax.metrics import GENERATED_TOKENS, REQUESTS, Timeline
+from flexmarl_jax.orchestrator.dispatch import AgentDispatcher, DispatchStats
+from flexmarl_jax.orchestrator.invariants import ConsistencyChecker
+from flexmarl_jax.orchestrator.sink import StoreSink
+from flexmarl_jax.store import ExperienceStore
+from flexmarl_jax.train.advantages import group_advantages
+from flexmarl_jax.train.normalizers import IterationNormalizers
+from flexmarl_jax.train.trainer import AgentTrainer
+from flexmarl_jax.workflows import GenerationBackend, RunResult, SamplingParams, Task, Workflow, WorkflowExecutor
+
+logger = logging.getLogger(__name__)
+
+MODES = ("serial", "sync", "flexmarl")
+
+
+@dataclasses.dataclass(frozen=True)
+class PipelineSettings:
+    """The knobs of the pipeline that the config sets (see configs/tiny.py)."""
+
+    mode: str = "flexmarl"
+    async_micro_batches: bool = True  # flexmarl: train micro-batches while rollout runs
+    queries_per_iteration: int = 16
+    samples_per_query: int = 4
+    micro_batch_size: int = 16
+    max_response_length: int = 8
+    max_staleness: int = 0
+    seed: int = 0
+    debug_invariants: bool = False
+
+    def __post_init__(self):
+        if self.mode not in MODES:
+            raise ValueError(f"mode={self.mode!r}; allowed: {', '.join(MODES)}")
+
+    @property
+    def overlaps_training(self) -> bool:
+        return self.mode == "flexmarl" and self.async_micro_batches
+
+
+def conditional_agents(workflow: Workflow) -> set[str]:
+    """Agents with a node that runs only under a condition (directly or through an ancestor): their GRPO
+    groups can hold fewer than samples_per_query rows."""
+    conditional: set[str] = set()
+    for node in workflow.order:
+        if any(edge.when is not None for edge in workflow.incoming[node]) or workflow.ancestors[node] & conditional:
+            conditional.add(node)
+    return {workflow.nodes[node].agent for node in conditional}
+
+
+class _Rollout:
+    """One iteration's workflow execution on a background thread."""
+
+    def __init__(self, iteration: int, versions: Mapping[str, int], sink: StoreSink, executor: WorkflowExecutor,
+                 problems: Sequence[Any], timeline: Timeline):
+        self.iteration, self.versions, self.sink = iteration, dict(versions), sink
+        self.done = threading.Event()
+        self.result: RunResult | None = None
+        self.error: BaseException | None = None
+        self.start_time = timeline.now()
+        self.end_time: float | None = None
+        self._timeline = timeline
+        self._thread = threading.Thread(target=self._run, args=(executor, problems),
+                                        name=f"rollout-{iteration}", daemon=True)
+        self._thread.start()
+
+    def _run(self, executor: WorkflowExecutor, problems) -> None:
+        try:
+            self.result = executor.run(problems, self.sink)
+        except BaseException as error:  # surfaced by wait()
+            self.error = error
+        finally:
+            self.end_time = self._timeline.now()
+            self.done.set()
+
+    def wait(self) -> RunResult:
+        self._thread.join()
+        if self.error is not None:
+            raise RuntimeError(f"rollout of iteration {self.iteration} failed: {self.error}") from self.error
+        return self.result
+
+
+class JointOrchestrator:
+    """Runs iterations over per-agent trainers, one store, one workflow and one generation backend.
+
+    Args:
+      trainers: agent -> AgentTrainer (each on its own training mesh).
+      sync_weights: (agent, params, version) -> None; puts new weights on that agent's rollout instances.
+      pad_id: the tokenizer's pad id (micro-batch padding).
+      sampling: agent -> SamplingParams for rollout (seeds are derived per iteration).
+      aggregation, estimator: the loss aggregation and advantage estimator of the algorithm.
+    """
+
+    def __init__(self, settings: PipelineSettings, *, trainers: Mapping[str, AgentTrainer], store: ExperienceStore,
+                 workflow: Workflow, task: Task, backend: GenerationBackend,
+                 sync_weights: Callable[[str, Any, int], None], sampling: Mapping[str, SamplingParams],
+                 pad_id: int, aggregation: str, estimator: str, timeline: Timeline | None = None,
+                 calls_per_trajectory: Mapping[str, int] | None = None):
+        self.settings = settings
+        self.trainers = dict(trainers)
+        self.store, self.workflow, self.task, self.backend = store, workflow, task, backend
+        self.sync_weights = sync_weights
+        self.sampling = dict(sampling)
+        self.timeline = timeline or Timeline()
+        self.checker = ConsistencyChecker(settings.max_staleness) if settings.debug_invariants else None
+        self.pad_id, self.aggregation, self.estimator = pad_id, aggregation, estimator
+        calls = calls_per_trajectory or collections.Counter(node.agent for node in workflow.nodes.values())
+        self._conditional = conditional_agents(workflow)
+        self.normalizers = {}
+        for agent in self.trainers:
+            # Fixed before any micro-batch: an upper bound of the agent's rows and tokens in one iteration.
+            rows = settings.queries_per_iteration * settings.samples_per_query * calls.get(agent, 1)
+            self.normalizers[agent] = IterationNormalizers(
+                total_tokens=rows * settings.max_response_length, num_sequences=rows,
+                norm_length=settings.max_response_length)
+        for agent in self.trainers:
+            self.timeline.declare(f"train/{agent}")
+        self._pending_rollout: _Rollout | None = None
+        self._synced = {}
+        self.sync_all()
+
+    # ------------------------------------------------------------------------------------------ weights
+    def versions(self) -> dict[str, int]:
+        return {agent: trainer.policy_version for agent, trainer in self.trainers.items()}
+
+    def sync_all(self) -> None:
+        """Pushes every agent's current weights to its rollout instances (skips ones already there)."""
+        for agent, trainer in self.trainers.items():
+            if self._synced.get(agent) == trainer.policy_version:
+                continue
+            with self.timeline.busy(f"train/{agent}", "sync", agent=agent):
+                self.sync_weights(agent, trainer.params, trainer.policy_version)
+            self._synced[agent] = trainer.policy_version
+            self.timeline.record_policy_version(agent, trainer.policy_version)
+            if self.checker is not None:
+                self.checker.weights_synced(agent, trainer.policy_version)
+
+    # ------------------------------------------------------------------------------------------ rollout
+    def _advantages(self, rewards: np.ndarray) -> np.ndarray:
+        """Advantages of one GRPO group's rewards [group] with the algorithm's estimator."""
+        return group_advantages(rewards, [0] * len(rewards), self.estimator)
+
+    def problems_for(self, iteration: int):
+        seed = zlib.crc32(f"{self.settings.seed}/{iteration}".encode())
+        return self.task.generate(self.settings.queries_per_iteration, seed=seed)
+
+    def _start_rollout(self, iteration: int, *, hold_rows: bool) -> _Rollout:
+        versions = dict(self._synced)
+        on_generated = None
+        if self.checker is not None:
+            on_generated = lambda record, deps: self.checker.generated(record.sample_id, record.agent, deps)  # noqa: E731
+        sink = StoreSink(self.store, self._advantages, on_generated=on_generated, hold=hold_rows)
+        serial = self.settings.mode == "serial"
+        sampling = {
+            agent: dataclasses.replace(params, seed=zlib.crc32(f"{self.settings.seed}/{iteration}/{agent}".encode()))
+            for agent, params in self.sampling.items()}
+        executor = WorkflowExecutor(
+            self.workflow, self.backend, self.task, samples_per_query=self.settings.samples_per_query,
+            sampling=sampling, mode="dependency", max_concurrent_queries=1 if serial else None,
+            group_root_requests=not serial)  # parallel sampling: one prefill for a query's n samples
+        return _Rollout(iteration, versions, sink, executor, self.problems_for(iteration), self.timeline)
+
+    # ------------------------------------------------------------------------------------------ training
+    def _dispatchers(self) -> dict[str, AgentDispatcher]:
+        on_trained = self.checker.trained if self.checker is not None else None
+        return {
+            agent: AgentDispatcher(
+                agent, trainer, self.store, micro_batch_size=self.settings.micro_batch_size,
+                normalizers=self.normalizers[agent], aggregation=self.aggregation,
+                pad_id=self.pad_id, max_staleness=self.settings.max_staleness,
+                variable_groups=agent in self._conditional, timeline=self.timeline, resource=f"train/{agent}",
+                on_trained=on_trained)
+            for agent, trainer in self.trainers.items()
+        }
+
+    def _drain_all(self, dispatchers, stats, rollout: _Rollout, *, concurrent: bool) -> None:
+        versions = self.versions()
+        errors: list[BaseException] = []
+
+        def drain(agent: str) -> None:
+            try:
+                dispatchers[agent].drain(versions, rollout.done, stats[agent], iteration_start=rollout.start_time)
+            except BaseException as error:
+                errors.append(error)
+                rollout.done.wait()
+
+        if concurrent:
+            threads = [threading.Thread(target=drain, args=(agent,), name=f"dispatch-{agent}", daemon=True)
+                       for agent in dispatchers]
+            for thread in threads:
+                thread.start()
+            for thread in threads:
+                thread.join()
+        else:
+            for agent in dispatchers:
+                drain(agent)
+        if errors:
+            raise errors[0]
+
+    def run_iteration(self, iteration: int) -> dict:
+        """Runs one iteration end to end and returns its metrics record (without wall-clock splits)."""
+        settings = self.settings
+        t0 = self.timeline.now()
+        if self.settings.max_staleness > 0:
+            self.store.drop_stale_rows(current_versions=self.versions(), max_staleness=settings.max_staleness)
+        rollout = self._pending_rollout or self._start_rollout(iteration, hold_rows=False)
+        self._pending_rollout = None
+        rollout.sink.release_held()
+        dispatchers = self._dispatchers()
+        stats = {agent: DispatchStats() for agent in dispatchers}
+        try:
+            if settings.overlaps_training:
+                trainer_thread_error: list[BaseException] = []
+
+                def train_side():
+                    try:
+                        self._drain_all(dispatchers, stats, rollout, concurrent=True)
+                    except BaseException as error:
+                        trainer_thread_error.append(error)
+
+                trainer_thread = threading.Thread(target=train_side, name="train-side", daemon=True)
+                trainer_thread.start()
+                result = rollout.wait()
+                if settings.max_staleness > 0 and iteration + 1 < self._last_iteration:
+                    self._pending_rollout = self._start_rollout(iteration + 1, hold_rows=True)
+                trainer_thread.join()
+                if trainer_thread_error:
+                    raise trainer_thread_error[0]
+            else:
+                result = rollout.wait()
+                if settings.max_staleness > 0 and iteration + 1 < self._last_iteration:
+                    self._pending_rollout = self._start_rollout(iteration + 1, hold_rows=True)
+                self._drain_all(dispatchers, stats, rollout, concurrent=settings.mode != "serial")
+            unfinished = rollout.sink.unfinished()
+            if unfinished:
+                raise RuntimeError(f"iteration {iteration}: workflow calls never closed into groups: {unfinished}")
+            train_metrics = {}
+            for agent, trainer in self.trainers.items():
+                with self.timeline.busy(f"train/{agent}", "train", agent=agent):
+                    train_metrics[agent] = trainer.apply(allow_empty=True)
+        except BaseException:
+            for dispatcher in dispatchers.values():
+                dispatcher.release_all()
+            raise
+        consumed = {agent: dispatcher.commit() for agent, dispatcher in dispatchers.items()}
+        if self.checker is not None and settings.max_staleness == 0:
+            self.checker.check_all_consumed()
+        self.sync_all()
+        return self._record(iteration, t0, rollout, result, stats, train_metrics, consumed)
+
+    def set_horizon(self, last_iteration: int) -> None:
+        """The iteration number after the last one (a stale-mode rollout never starts beyond it)."""
+        self._last_iteration = last_iteration
+
+    _last_iteration = 1 << 30
+
+    # ------------------------------------------------------------------------------------------ metrics
+    def _record(self, iteration, t0, rollout: _Rollout, result: RunResult, stats, train_metrics, consumed) -> dict:
+        t1 = self.timeline.now()
+        tokens = sum(load.completion_tokens for load in result.load.values())
+        for agent, load in result.load.items():
+            self.timeline.increment(REQUESTS, agent, load.requests, time=rollout.end_time)
+            self.timeline.increment(GENERATED_TOKENS, agent, load.completion_tokens, time=rollout.end_time)
+        agents = {}
+        served: dict[str, list[float]] = {agent: [] for agent in self.trainers}
+        for trajectory in result.trajectories:
+            for output in trajectory.outputs.values():
+                served[output.agent].append(trajectory.team_reward)
+        for agent in self.trainers:
+            metrics = train_metrics.get(agent, {})
+            rewards = stats[agent].rewards
+            agents[agent] = {
+                "reward": float(np.mean(rewards)) if rewards else None,
+                "accuracy": float(np.mean(served[agent])) if served[agent] else None,
+                "samples": consumed[agent],
+                "micro_batches": stats[agent].micro_batches,
+                "first_claim_s": stats[agent].first_claim_s,
+                "requests": result.load[agent].requests if agent in result.load else 0,
+                "entropy": stats[agent].neg_logprob_sum / stats[agent].tokens if stats[agent].tokens else None,
+                "kl": metrics.get("kl"),
+                "clip_frac": metrics.get("clip_fraction"),
+                "loss": metrics.get("loss"),
+                "grad_norm": metrics.get("grad_norm"),
+            }
+        return {
+            "iteration": iteration,
+            "team_accuracy": result.accuracy,
+            "e2e_s": t1 - t0,
+            "rollout_wall_s": (rollout.end_time or t1) - rollout.start_time,
+            "generated_tokens": tokens,
+            "tokens_per_s": tokens / max(t1 - t0, 1e-9),
+            "policy_version": self.versions(),
+            "agent": agents,
+        }

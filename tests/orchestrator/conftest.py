@@ -1,0 +1,88 @@
+"""A small orchestrator over real trainers and a real store, with scripted (model-free) rollouts."""
+
+import jax
+import numpy as np
+import pytest
+
+from flexmarl_jax.mesh.layout import layout_devices
+from flexmarl_jax.models import presets
+from flexmarl_jax.models.tokenizer import CharTokenizer
+from flexmarl_jax.orchestrator.pipeline import JointOrchestrator, PipelineSettings
+from flexmarl_jax.store import ExperienceStore
+from flexmarl_jax.train.algorithms import loss_config_for
+from flexmarl_jax.train.optim import OptimizerConfig
+from flexmarl_jax.train.trainer import AgentTrainer, TrainerConfig
+from flexmarl_jax.workflows import ArithmeticTask, SamplingParams, ScriptedAgent, ScriptedBackend, build_workflow
+from flexmarl_jax.workflows.oracles import chain_policies
+from flexmarl_jax.workflows.scripted import long_tail_latency
+
+AGENTS = ("solver", "verifier", "corrector")
+QUERIES, SAMPLES, MICRO_BATCH = 4, 4, 8
+MAX_PROMPT, MAX_RESPONSE = 24, 6
+
+
+class ScriptedRollout:
+    """A ScriptedBackend whose answers come from noisy oracles over every problem the task can generate."""
+
+    def __init__(self, task, latency=None, seed=0):
+        problems = [p for s in range(200) for p in task.generate(QUERIES, seed=s)]
+        policies = chain_policies(problems, task.verify, solver_accuracy=0.4, verifier_accuracy=0.7,
+                                  corrector_accuracy=0.5)
+        tokenizer = CharTokenizer()
+        self.backend = ScriptedBackend({a: ScriptedAgent(policies[a], latency) for a in AGENTS}, seed=seed,
+                                       encode=lambda text: tokenizer.encode(text, add_bos=False))
+        self.synced = []
+
+    def sync_weights(self, agent, params, version):
+        self.synced.append((agent, version))
+        self.backend.set_policy_version(agent, version)
+
+
+def make_orchestrator(mode="flexmarl", *, max_staleness=0, latency=None, debug=True, async_micro_batches=True,
+                      seed=0, workdir=None, backend="memory"):
+    # Every trainer on one device mesh: compiled steps are then shared by agents and tests (the consistency
+    # model does not depend on where trainers run; tests/mesh covers the disaggregated layout).
+    mesh = layout_devices(jax.devices(), ["all"], instances_per_agent=1, rollout_devices_per_instance=1,
+                          train_devices_per_agent=1)["all"].train_mesh()
+    loss = loss_config_for("grpo")
+    trainers = {
+        agent: AgentTrainer(agent, presets.get_preset("tiny"),
+                            TrainerConfig(micro_batch_size=MICRO_BATCH, max_len=MAX_PROMPT + MAX_RESPONSE, loss=loss,
+                                          optimizer=OptimizerConfig(learning_rate=1e-2)),
+                            mesh=mesh, seed=seed + index)
+        for index, agent in enumerate(AGENTS)
+    }
+    task = ArithmeticTask(max_digits=1, operators="+")
+    rollout = ScriptedRollout(task, latency, seed=seed)
+    store = ExperienceStore.open(workdir, agents=AGENTS, backend=backend)
+    settings = PipelineSettings(mode=mode, async_micro_batches=async_micro_batches, queries_per_iteration=QUERIES,
+                                samples_per_query=SAMPLES, micro_batch_size=MICRO_BATCH,
+                                max_response_length=MAX_RESPONSE, max_staleness=max_staleness, seed=seed,
+                                debug_invariants=debug)
+    sampling = {agent: SamplingParams(max_new_tokens=MAX_RESPONSE) for agent in AGENTS}
+    orchestrator = JointOrchestrator(
+        settings, trainers=trainers, store=store, workflow=build_workflow("chain", agents=AGENTS), task=task,
+        backend=rollout.backend, sync_weights=rollout.sync_weights, sampling=sampling,
+        pad_id=CharTokenizer.PAD, aggregation=loss.aggregation, estimator=loss.advantage_estimator)
+    return orchestrator, rollout
+
+
+def flat_params(trainer):
+    return np.concatenate([np.ravel(np.asarray(leaf)) for leaf in jax.tree.leaves(trainer.params)])
+
+
+@pytest.fixture
+def orchestrator_factory():
+    made = []
+
+    def factory(*args, **kwargs):
+        orchestrator, rollout = make_orchestrator(*args, **kwargs)
+        made.append(rollout)
+        return orchestrator, rollout
+
+    yield factory
+    for rollout in made:
+        rollout.backend.shutdown()
+
+
+__all__ = ["flat_params", "long_tail_latency"]

@@ -1,0 +1,91 @@
+"""The joint orchestrator's consistency model, with scripted rollouts and real trainers and store."""
+
+import time
+
+import numpy as np
+import pytest
+
+from flexmarl_jax.orchestrator.invariants import InvariantViolation
+from flexmarl_jax.workflows.scripted import constant_latency, long_tail_latency
+
+from .conftest import AGENTS, QUERIES, SAMPLES, flat_params
+
+
+@pytest.mark.timeout(240)
+@pytest.mark.parametrize("mode", ["flexmarl", "sync", "serial"])
+def test_strict_iterations_consume_every_sample_once(orchestrator_factory, mode):
+    orchestrator, rollout = orchestrator_factory(mode)
+    for iteration in range(2):
+        record = orchestrator.run_iteration(iteration)
+        assert record["policy_version"] == {agent: iteration + 1 for agent in AGENTS}
+        solver = record["agent"]["solver"]
+        assert solver["samples"] == QUERIES * SAMPLES
+        assert record["agent"]["verifier"]["samples"] == QUERIES * SAMPLES
+        assert 0 <= record["agent"]["corrector"]["samples"] <= QUERIES * SAMPLES
+    counters = orchestrator.store.counters()
+    for agent in AGENTS:
+        assert counters[agent]["consumed"] == counters[agent]["total"]
+        assert counters[agent]["ready"] == counters[agent]["claimed"] == 0
+    # every sample was checked at generation and at training time
+    assert orchestrator.checker.checks >= 2 * 2 * 2 * QUERIES * SAMPLES
+    # the new weights reached rollout after each update, in order
+    assert [v for a, v in rollout.synced if a == "solver"] == [0, 1, 2]
+
+
+@pytest.mark.timeout(240)
+def test_async_and_sync_reach_the_same_parameters(orchestrator_factory):
+    latency = long_tail_latency(0.002, 0.05, 0.1)
+    results = {}
+    for mode in ("flexmarl", "sync"):
+        orchestrator, _ = orchestrator_factory(mode, latency=latency)
+        for iteration in range(2):
+            orchestrator.run_iteration(iteration)
+        results[mode] = {agent: flat_params(t) for agent, t in orchestrator.trainers.items()}
+    for agent in AGENTS:
+        a, b = results["flexmarl"][agent], results["sync"][agent]
+        assert np.linalg.norm(a - b) / np.linalg.norm(b) < 1e-5, agent
+
+
+@pytest.mark.timeout(240)
+def test_flexmarl_trains_while_rollout_runs(orchestrator_factory):
+    # long-tailed rollout: the solver's first micro-batch is claimed before the rollout ends
+    orchestrator, _ = orchestrator_factory("flexmarl", latency=long_tail_latency(0.005, 0.4, 0.15))
+    record = orchestrator.run_iteration(0)
+    first = record["agent"]["solver"]["first_claim_s"]
+    assert first is not None and first < record["rollout_wall_s"]
+    orchestrator, _ = orchestrator_factory("sync", latency=long_tail_latency(0.005, 0.4, 0.15))
+    record = orchestrator.run_iteration(0)
+    assert record["agent"]["solver"]["first_claim_s"] >= record["rollout_wall_s"] - 1e-3
+
+
+@pytest.mark.timeout(300)
+def test_stale_mode_never_trains_beyond_the_bound(orchestrator_factory):
+    # slow rollouts on purpose: the next iteration's rollout overlaps this iteration's training
+    orchestrator, rollout = orchestrator_factory("flexmarl", max_staleness=1, latency=constant_latency(0.01))
+    orchestrator.set_horizon(3)
+    lags = []
+    original = orchestrator.checker.trained
+
+    def spy(sample_ids, agent, current):
+        for sample_id in sample_ids:
+            generated = orchestrator.checker._generated[sample_id]
+            lags.append(max(current[a] - v for a, v in generated.items()))
+        original(sample_ids, agent, current)
+
+    orchestrator.checker.trained = spy
+    for iteration in range(3):
+        orchestrator.run_iteration(iteration)
+    assert max(lags) <= 1 and 1 in lags  # some samples were one version old, none older
+    assert all(t.policy_version == 3 for t in orchestrator.trainers.values())
+
+
+@pytest.mark.timeout(120)
+def test_the_checker_catches_a_sample_trained_under_the_wrong_version(orchestrator_factory):
+    orchestrator, _ = orchestrator_factory("sync")
+    orchestrator.run_iteration(0)
+    # pretend the solver's rows were generated one version earlier than they were
+    checker = orchestrator.checker
+    checker._generated = {k: {a: v - 1 for a, v in d.items()} for k, d in checker._generated.items()}
+    with pytest.raises(InvariantViolation, match="max_staleness=0"):
+        checker.trained([next(iter(checker._generated))], "solver", orchestrator.versions())
+    time.sleep(0)
