@@ -226,7 +226,10 @@ class StateStore:
                 self._free_device(entry, keep=leaves)
             self._remove_storage(entry)
             entry.tier, entry.device_leaves, entry.host_value = "device", list(leaves), None
-            entry.specs = [_spec_of(a) for a in leaves]
+            # The requested specs, not the arrays': XLA drops size-1 mesh axes from output shardings, and
+            # a later Mesh target of another shape must still shard those dimensions.
+            entry.specs = [s.spec if isinstance(s, NamedSharding) else _spec_of(a)
+                           for s, a in zip(shardings, leaves, strict=True)]
         return self._rebuild(entry, leaves)
 
     def _resolve_target(self, key: str, entry: _Entry, target) -> list[Sharding]:
