@@ -54,6 +54,7 @@ def resolve_config(argv: list[str], *, available_devices: int | None = None):
 
 def _prepare_devices(fake_cpu_devices: int) -> int:
     """Fakes CPU devices (before JAX is imported) and returns the device count JAX sees."""
+    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")  # JetStream pulls in TensorFlow, which is chatty
     flags = os.environ.get("XLA_FLAGS", "")
     if "xla_force_host_platform_device_count" not in flags:
         os.environ["XLA_FLAGS"] = f"{flags} --xla_force_host_platform_device_count={fake_cpu_devices}".strip()

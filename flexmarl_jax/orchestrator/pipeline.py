@@ -175,9 +175,9 @@ class JointOrchestrator:
             on_generated = lambda record, deps: self.checker.generated(record.sample_id, record.agent, deps)  # noqa: E731
         sink = StoreSink(self.store, self._advantages, on_generated=on_generated, hold=hold_rows)
         serial = self.settings.mode == "serial"
-        sampling = {
-            agent: dataclasses.replace(params, seed=zlib.crc32(f"{self.settings.seed}/{iteration}/{agent}".encode()))
-            for agent, params in self.sampling.items()}
+        # No explicit seed: the backend derives each request's seed from its id, which holds the
+        # iteration's problem seed, so every request samples independently and reproducibly.
+        sampling = self.sampling
         executor = WorkflowExecutor(
             self.workflow, self.backend, self.task, samples_per_query=self.settings.samples_per_query,
             sampling=sampling, mode="dependency", max_concurrent_queries=1 if serial else None,

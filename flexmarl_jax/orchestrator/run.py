@@ -1,0 +1,139 @@
+"""`flexmarl train`: builds every component from a validated config and runs the iterations.
+
+Resume: a workdir holding checkpoints continues from the last one. An iteration is atomic: its update is
+applied and checkpointed before its rows are marked consumed, and a run killed mid-iteration redoes that
+iteration from the last checkpoint — nothing it had claimed was applied, so no sample is counted twice.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import time
+
+import jax
+import ml_collections
+
+from flexmarl_jax import metrics
+from flexmarl_jax.mesh.layout import layout_devices
+from flexmarl_jax.models import presets
+from flexmarl_jax.models.tokenizer import CharTokenizer
+from flexmarl_jax.orchestrator.pipeline import JointOrchestrator, PipelineSettings
+from flexmarl_jax.orchestrator.rollout_setup import build_rollout
+from flexmarl_jax.orchestrator.warmup import run_warmup, warmup_examples
+from flexmarl_jax.store import ExperienceStore
+from flexmarl_jax.train.algorithms import loss_config_for
+from flexmarl_jax.train.checkpoint import restore_all, save_all
+from flexmarl_jax.train.optim import OptimizerConfig
+from flexmarl_jax.train.trainer import AgentTrainer, TrainerConfig
+from flexmarl_jax.workflows import SamplingParams, build_workflow_for_agents, resolve_task
+
+logger = logging.getLogger(__name__)
+
+CHECKPOINT_DIR = "checkpoints"
+
+
+def build_trainers(config: ml_collections.ConfigDict, layout, *, micro_batch_size: int | None = None):
+    """agent -> AgentTrainer on that agent's training mesh."""
+    loss = loss_config_for(config.train.algorithm)
+    max_len = config.rollout.max_prompt_length + config.rollout.max_response_length
+    trainers = {}
+    for index, agent in enumerate(config.workflow.agents):
+        agent_config = config.agents[agent]
+        learning_rate = agent_config.learning_rate if agent_config.learning_rate > 0 else config.train.learning_rate
+        trainer_config = TrainerConfig(
+            micro_batch_size=micro_batch_size or config.train.micro_batch_size, max_len=max_len, loss=loss,
+            optimizer=OptimizerConfig(learning_rate=learning_rate))
+        trainers[agent] = AgentTrainer(agent, presets.get_preset(agent_config.model), trainer_config,
+                                       mesh=layout[agent].train_mesh(config.mesh.tp),
+                                       seed=config.seed * 1000 + index)
+    return trainers
+
+
+def sampling_for(config: ml_collections.ConfigDict) -> dict[str, SamplingParams]:
+    return {agent: SamplingParams(temperature=config.agents[agent].temperature, top_k=config.agents[agent].top_k,
+                                  top_p=config.agents[agent].top_p,
+                                  max_new_tokens=config.rollout.max_response_length)
+            for agent in config.workflow.agents}
+
+
+def build_orchestrator(config: ml_collections.ConfigDict, *, timeline: metrics.Timeline | None = None,
+                       resume: bool = True):
+    """Everything a run needs: (orchestrator, trainers, store, rollout handle, start iteration)."""
+    agents = tuple(config.workflow.agents)
+    mode = config.pipeline.mode
+    layout = layout_devices(jax.devices(), agents, instances_per_agent=config.rollout.instances_per_agent,
+                            rollout_devices_per_instance=config.mesh.rollout_devices_per_instance,
+                            train_devices_per_agent=config.mesh.train_devices_per_agent,
+                            colocate=mode == "serial")
+    tokenizer = CharTokenizer()
+    trainers = build_trainers(config, layout)
+    workflow = build_workflow_for_agents(config.workflow.name, agents)
+    task = resolve_task(config.workflow.task, **config.workflow.task_options.to_dict())
+    checkpoint_root = os.path.join(config.workdir, CHECKPOINT_DIR)
+    start = 0
+    if resume and os.path.isdir(checkpoint_root):
+        versions = restore_all(trainers, checkpoint_root)
+        start = min(versions.values())
+        logger.info("resumed from %s at policy versions %s", checkpoint_root, versions)
+    elif config.workflow.warmup_steps > 0:
+        examples = warmup_examples(workflow, task, queries=256, samples_per_query=1, accuracy=0.2,
+                                   seed=config.seed)
+        run_warmup(trainers, examples, tokenizer, steps=config.workflow.warmup_steps, seed=config.seed)
+        save_all(trainers, checkpoint_root)
+    timeline = timeline or metrics.Timeline()
+    store = ExperienceStore.open(config.workdir, agents=agents, backend=config.store.backend)
+    if start > 0:
+        # Rows of the iteration that was cut short were never applied: redo that iteration from scratch.
+        store.drop_stale_rows(current_versions=start + 1, max_staleness=0)
+    rollout = build_rollout(config, layout, trainers, tokenizer, timeline)
+    settings = PipelineSettings(
+        mode=mode, async_micro_batches=config.pipeline.async_micro_batches,
+        queries_per_iteration=config.workflow.queries_per_iteration,
+        samples_per_query=config.workflow.samples_per_query, micro_batch_size=config.train.micro_batch_size,
+        max_response_length=config.rollout.max_response_length, max_staleness=config.train.max_staleness,
+        seed=config.seed, debug_invariants=config.pipeline.debug_invariants)
+    loss = loss_config_for(config.train.algorithm)
+    orchestrator = JointOrchestrator(
+        settings, trainers=trainers, store=store, workflow=workflow, task=task, backend=rollout.backend,
+        sync_weights=rollout.sync_weights, sampling=sampling_for(config), pad_id=tokenizer.pad_id,
+        aggregation=loss.aggregation, estimator=loss.advantage_estimator, timeline=timeline)
+    return orchestrator, trainers, store, rollout, start
+
+
+def run_training(config: ml_collections.ConfigDict) -> int:
+    """Runs `config.iterations` iterations (resuming from the workdir); returns a process exit code."""
+    workdir = config.workdir
+    os.makedirs(workdir, exist_ok=True)
+    with open(os.path.join(workdir, "config.json"), "w") as handle:
+        handle.write(config.to_json(indent=1))
+    started = time.monotonic()
+    orchestrator, trainers, store, rollout, start = build_orchestrator(config)
+    timeline = orchestrator.timeline
+    orchestrator.set_horizon(config.iterations)
+    writer = metrics.MetricsWriter(workdir)
+    checkpoint_root = os.path.join(workdir, CHECKPOINT_DIR)
+    try:
+        with metrics.IterationProgress(total=config.iterations, initial=start) as progress:
+            for iteration in range(start, config.iterations):
+                t0 = timeline.now()
+                record = orchestrator.run_iteration(iteration)
+                save_all(trainers, checkpoint_root, max_to_keep=2)
+                t1 = timeline.now()
+                record.update(timeline.time_split(t0, t1))
+                record["e2e_s"] = t1 - t0
+                record["utilization"] = timeline.utilization_report(t0, t1)
+                writer.write(record)
+                timeline.save(workdir)
+                progress.advance(record)
+    finally:
+        rollout.shutdown()
+        store.close()
+        writer.close()
+    metrics.print_summary(writer.records)
+    from flexmarl_jax.metrics import plots
+
+    paths = plots.plot_all(workdir, timeline)
+    print(f"run finished in {time.monotonic() - started:.1f}s; metrics: {os.path.join(workdir, 'metrics.jsonl')}; "
+          f"plots: {', '.join(str(p) for p in paths)}")
+    return 0
