@@ -40,7 +40,8 @@ class RolloutRequest:
 
     prompt_ids: token ids (BOS included if wanted). stop_token_ids: extra ids that end a
     sequence besides the tokenizer's EOS. stop_strings: end once the decoded response ends
-    with one of them (needs the loop's tokenizer).
+    with one of them (needs the loop's tokenizer). ignore_eos: only max_new_tokens (and the
+    explicit stops) end a sequence, for fixed-length benchmarks.
     """
 
     prompt_ids: tuple[int, ...]
@@ -49,6 +50,7 @@ class RolloutRequest:
     max_new_tokens: int = 16
     stop_token_ids: tuple[int, ...] = ()
     stop_strings: tuple[str, ...] = ()
+    ignore_eos: bool = False  # benchmarks: always generate max_new_tokens
     on_done: Callable[[list[SequenceResult]], None] | None = None
     on_error: Callable[[BaseException], None] | None = None
 
@@ -296,7 +298,8 @@ class RolloutLoop:
             sequence.token_ids.append(token)
             sequence.logprobs.append(float(logprobs[slot]))
             self.generated_tokens += 1
-            if token == eos or token in request.stop_token_ids or self._hit_stop_string(sequence):
+            stopped = (token == eos and not request.ignore_eos) or token in request.stop_token_ids
+            if stopped or self._hit_stop_string(sequence):
                 self._finish(sequence, "stop")
             elif len(sequence.token_ids) >= request.max_new_tokens:
                 self._finish(sequence, "length")
