@@ -12,6 +12,7 @@ Public names are imported lazily (this package is JAX-heavy; `import flexmarl_ja
     OptimizerConfig, make_optimizer    optim.py
     save_trainer, restore_trainer,     checkpoint.py   Orbax checkpoints, restore onto any mesh
     save_all, restore_all
+    trainer_config_for                 from_config.py  an agent's TrainerConfig from the run config
 """
 
 import importlib
@@ -26,7 +27,7 @@ _EXPORTS = {
     "ADVANTAGES": "advantages", "group_advantages": "advantages", "gae": "advantages",
     "OptimizerConfig": "optim", "make_optimizer": "optim",
     "save_trainer": "checkpoint", "restore_trainer": "checkpoint", "save_all": "checkpoint",
-    "restore_all": "checkpoint",
+    "restore_all": "checkpoint", "trainer_config_for": "from_config",
 }
 __all__ = sorted(_EXPORTS)
 
