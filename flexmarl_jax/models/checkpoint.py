@@ -7,7 +7,6 @@ and head-structured ([embed, heads, head_dim]); HF stores torch Linear weights [
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import logging
 import os
@@ -230,11 +229,3 @@ def save_pretrained(model, path: str | os.PathLike, *, max_shard_bytes: int = 2 
         json.dump(index, f, indent=2)
     return ["config.json", *files, _INDEX_FILE]
 
-
-def config_from_model(model) -> ModelConfig:
-    """The ModelConfig of a DecoderLM / (graphdef, params) / Pretrained."""
-    if isinstance(model, Pretrained):
-        return model.config
-    if isinstance(model, tuple):
-        model = nnx.merge(*model)
-    return dataclasses.replace(model.config)

@@ -35,8 +35,8 @@ class Embed(nnx.Module):
         )
 
     def __call__(self, tokens: jax.Array) -> jax.Array:
-        """tokens [B, T] int -> [B, T, E]."""
-        return jnp.take(self.embedding[...], tokens, axis=0)
+        """tokens [B, T] int -> [B, T, E]. Ids outside [0, vocab) are clipped (never NaN)."""
+        return jnp.take(self.embedding[...], tokens, axis=0, mode="clip")
 
     def attend(self, x: jax.Array) -> jax.Array:
         """x [B, T, E] -> logits [B, T, V] float32 (tied LM head)."""

@@ -149,9 +149,15 @@ def test_prefill_per_request_then_insert_into_slots_matches_batched_decode():
     positions = jnp.array([lengths[1], 0, lengths[0]], jnp.int32)
     logits, _ = decode_step(graphdef, params, next_tokens, positions, big)
 
-    for slot, prompt, n in ((2, prompts[0], lengths[0]), (0, prompts[1], lengths[1])):
-        sequence = np.concatenate([prompt[:, :n], np.asarray(next_tokens)[slot].reshape(1, 1)], axis=1)
-        full = forward(
-            graphdef, params, sequence, np.arange(n + 1, dtype=np.int32)[None], np.ones((1, n + 1), bool)
-        )
-        np.testing.assert_allclose(np.asarray(logits)[slot], np.asarray(full)[0, -1], atol=1e-4, rtol=0)
+    # Reference: both sequences (prompt + next token) right-padded in one full forward.
+    width = max(lengths) + 1
+    sequences = np.zeros((2, width), np.int32)
+    for row, (slot, prompt, n) in enumerate(((2, prompts[0], lengths[0]), (0, prompts[1], lengths[1]))):
+        sequences[row, :n] = prompt[0, :n]
+        sequences[row, n] = np.asarray(next_tokens)[slot]
+    masks = np.arange(width)[None] <= np.array(lengths)[:, None]
+    full = np.asarray(
+        forward(graphdef, params, sequences, np.tile(np.arange(width, dtype=np.int32), (2, 1)), masks)
+    )
+    np.testing.assert_allclose(np.asarray(logits)[2], full[0, lengths[0]], atol=1e-4, rtol=0)
+    np.testing.assert_allclose(np.asarray(logits)[0], full[1, lengths[1]], atol=1e-4, rtol=0)
