@@ -80,7 +80,7 @@ def test_prefill_then_32_decode_steps_reproduce_full_forward(config):
     assert worst < 1e-4, worst
 
 
-def test_padding_does_not_change_real_logits():
+def test_right_or_left_padding_does_not_change_real_logits():
     graphdef, params = _model(get_preset("tiny"))
     rng = np.random.default_rng(1)
     tokens = rng.integers(4, 104, size=(1, 9)).astype(np.int32)
@@ -90,6 +90,12 @@ def test_padding_does_not_change_real_logits():
     padded_mask = np.arange(14)[None] < 9
     padded = forward(graphdef, params, padded_tokens, np.arange(14, dtype=np.int32)[None], padded_mask)
     np.testing.assert_allclose(np.asarray(padded)[:, :9], np.asarray(alone), atol=1e-5, rtol=0)
+    # Left padding works too when positions count real tokens only.
+    left_tokens = np.concatenate([np.zeros((1, 5), np.int32), tokens], axis=1)
+    left_positions = np.concatenate([np.zeros((1, 5), np.int32), positions], axis=1)
+    left = forward(graphdef, params, left_tokens, left_positions, np.arange(14)[None] >= 5)
+    assert np.isfinite(np.asarray(left)).all()
+    np.testing.assert_allclose(np.asarray(left)[:, 5:], np.asarray(alone), atol=1e-5, rtol=0)
 
 
 def test_token_logprobs_equals_log_softmax_gather_and_normalises():
