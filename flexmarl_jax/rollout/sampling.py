@@ -13,7 +13,7 @@ Conventions (rows are independent):
   towards the lower token id).
 * top_p is applied after top-k on the renormalised top-k distribution: a token survives
   when the probability mass of the tokens ranked strictly above it is < top_p, so at
-  least the top token always survives.
+  least the top token always survives; top_p >= 1 keeps every token.
 """
 
 from __future__ import annotations
@@ -47,7 +47,8 @@ def sampling_log_probs(
         keep_sorted = rank < k
         sorted_probs = jax.nn.softmax(jnp.where(keep_sorted, sorted_values, -jnp.inf), axis=-1)
         mass_above = jnp.cumsum(sorted_probs, axis=-1) - sorted_probs
-        keep_sorted = keep_sorted & (mass_above < top_p[:, None])
+        # top_p >= 1 must keep everything even when rounding pushes the cumulative mass to 1.0
+        keep_sorted = keep_sorted & ((mass_above < top_p[:, None]) | (top_p[:, None] >= 1.0))
         rows = jnp.arange(scaled_logits.shape[0])[:, None]
         keep = jnp.zeros_like(keep_sorted).at[rows, sorted_ids].set(keep_sorted)
         keep = keep | greedy[:, None]  # greedy rows report the unmasked distribution

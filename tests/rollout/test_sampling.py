@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import jax
-import jax.numpy as jnp
 import numpy as np
 import pytest
 from hypothesis import given, settings
@@ -11,6 +10,10 @@ from hypothesis import strategies as st
 from scipy import stats
 
 from flexmarl_jax.rollout.sampling import sample_tokens, sampling_log_probs
+
+# one compile per shape; eager calls would compile lax.cond/top_k pieces on every call
+_log_probs = jax.jit(sampling_log_probs)
+_sample = jax.jit(sample_tokens)
 
 
 def reference_log_probs(logits: np.ndarray, temperature: float, top_k: int, top_p: float) -> np.ndarray:
@@ -28,7 +31,7 @@ def reference_log_probs(logits: np.ndarray, temperature: float, top_k: int, top_
     probs /= probs.sum()
     mass_above = 0.0
     for token, prob in zip(kept, probs, strict=True):
-        if mass_above < top_p:
+        if mass_above < top_p or top_p >= 1.0:
             keep[token] = True
         mass_above += prob
     masked = np.where(keep, scaled, -np.inf)
@@ -47,10 +50,8 @@ def test_masked_log_probs_match_numpy_reference(seed, temperature, top_k, top_p)
     vocab = 37
     logits = np.random.default_rng(seed).normal(scale=3.0, size=(2, vocab)).astype(np.float32)
     got = np.asarray(
-        sampling_log_probs(
-            jnp.asarray(logits), jnp.full((2,), temperature, jnp.float32), jnp.full((2,), top_k, jnp.int32),
-            jnp.full((2,), top_p, jnp.float32),
-        )
+        _log_probs(logits, np.full((2,), temperature, np.float32), np.full((2,), top_k, np.int32),
+                   np.full((2,), top_p, np.float32))
     )
     for row in range(2):
         want = reference_log_probs(logits[row], temperature, top_k, top_p)
@@ -62,8 +63,8 @@ def test_masked_log_probs_match_numpy_reference(seed, temperature, top_k, top_p)
 def test_rows_use_their_own_settings():
     logits = np.random.default_rng(0).normal(size=(3, 20)).astype(np.float32)
     temperature, top_k, top_p = [0.0, 0.7, 1.0], [0, 5, 0], [1.0, 1.0, 0.6]
-    got = np.asarray(sampling_log_probs(jnp.asarray(logits), jnp.asarray(temperature), jnp.asarray(top_k),
-                                        jnp.asarray(top_p)))
+    got = np.asarray(_log_probs(logits, np.asarray(temperature, np.float32), np.asarray(top_k, np.int32),
+                                np.asarray(top_p, np.float32)))
     for row in range(3):
         want = reference_log_probs(logits[row], temperature[row], top_k[row], top_p[row])
         finite = np.isfinite(want)
@@ -74,8 +75,8 @@ def test_rows_use_their_own_settings():
 def test_greedy_rows_take_argmax_and_report_model_log_prob():
     logits = np.random.default_rng(1).normal(size=(4, 11)).astype(np.float32)
     keys = jax.random.split(jax.random.key(0), 4)
-    tokens, logprobs = sample_tokens(keys, jnp.asarray(logits), jnp.zeros(4), jnp.full((4,), 3, jnp.int32),
-                                     jnp.full((4,), 0.5))
+    tokens, logprobs = _sample(keys, logits, np.zeros(4, np.float32), np.full((4,), 3, np.int32),
+                               np.full((4,), 0.5, np.float32))
     assert np.array_equal(np.asarray(tokens), logits.argmax(-1))
     want = jax.nn.log_softmax(logits, axis=-1)[np.arange(4), logits.argmax(-1)]
     np.testing.assert_allclose(np.asarray(logprobs), want, atol=1e-6)
@@ -87,10 +88,10 @@ def test_frequencies_match_distribution_chi_square(temperature, top_k, top_p):
     draws, vocab = 20_000, 6
     logits = np.array([1.2, 0.3, -0.4, 0.9, -1.5, 0.0], np.float32)
     keys = jax.random.split(jax.random.key(42), draws)
-    batch_logits = jnp.broadcast_to(jnp.asarray(logits), (draws, vocab))
-    tokens, logprobs = jax.jit(sample_tokens)(
-        keys, batch_logits, jnp.full((draws,), temperature), jnp.full((draws,), top_k, jnp.int32),
-        jnp.full((draws,), top_p),
+    batch_logits = np.broadcast_to(logits, (draws, vocab))
+    tokens, logprobs = _sample(
+        keys, batch_logits, np.full((draws,), temperature, np.float32), np.full((draws,), top_k, np.int32),
+        np.full((draws,), top_p, np.float32),
     )
     want = np.exp(reference_log_probs(logits, temperature, top_k, top_p))
     counts = np.bincount(np.asarray(tokens), minlength=vocab)

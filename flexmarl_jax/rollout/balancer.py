@@ -1,0 +1,173 @@
+"""Inter-agent load balancing: move engine instances from quiet agents to busy ones.
+
+Every `poll_interval_s` the balancer reads each agent's queue length (requests waiting in the router).
+When the longest queue exceeds the shortest by more than `delta`, it moves instances from the least
+loaded agents to the most loaded one: `gap // delta` of them (the gap warrants one instance per `delta`
+waiting requests), taken from donors whose own gap to the receiver still exceeds `delta`, each donor
+keeping `min_instances_per_agent`. The router does the move (router.RequestRouter.migrate): the instance
+finishes its old agent's requests, loads the receiving agent's current weights, then serves it.
+
+Against oscillation: an instance that moved stays where it is for `cooldown_s`, and an agent with
+instances still on their way gets no more until they arrive.
+
+Queue lengths and instances per agent go on the Timeline as gauges (when they change), and each move
+as a migration event on the moved instance's `rollout/<name>` row when it starts serving.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import threading
+from typing import Any
+
+from flexmarl_jax.metrics import INSTANCES, QUEUE_LENGTH, Timeline
+from flexmarl_jax.rollout.router import DRAINING, LOADING, SERVING, RequestRouter
+
+logger = logging.getLogger(__name__)
+
+
+@dataclasses.dataclass(frozen=True)
+class PlannedMove:
+    instance: str
+    from_agent: str
+    to_agent: str
+
+
+def validate_balancing(*, delta: Any, cooldown_s: Any, poll_interval_s: Any, min_instances_per_agent: Any,
+                       num_agents: int, num_instances: int) -> None:
+    """The config rules, as ValueErrors naming the value: delta an int >= 1, cooldown_s >= 0,
+    poll_interval_s > 0, min_instances_per_agent an int >= 1 with min x agents <= the rollout instances
+    (each instance owns its devices, so this is the device budget)."""
+    if isinstance(delta, bool) or not isinstance(delta, int) or delta < 1:
+        raise ValueError(f"balancing delta={delta!r} must be an int >= 1 (queue-length gap that triggers a move)")
+    if not isinstance(cooldown_s, (int, float)) or cooldown_s < 0:
+        raise ValueError(f"balancing cooldown_s={cooldown_s!r} must be >= 0 seconds")
+    if not isinstance(poll_interval_s, (int, float)) or not poll_interval_s > 0:
+        raise ValueError(f"balancing poll_interval_s={poll_interval_s!r} must be > 0 seconds")
+    if (isinstance(min_instances_per_agent, bool) or not isinstance(min_instances_per_agent, int)
+            or min_instances_per_agent < 1):
+        raise ValueError(f"min_instances_per_agent={min_instances_per_agent!r} must be an int >= 1")
+    if min_instances_per_agent * num_agents > num_instances:
+        raise ValueError(
+            f"min_instances_per_agent={min_instances_per_agent} x {num_agents} agents = "
+            f"{min_instances_per_agent * num_agents} instances, more than the {num_instances} rollout instances "
+            f"(device groups) there are; lower it to at most {num_instances // max(num_agents, 1)}")
+
+
+class InstanceBalancer:
+    """Polls a RequestRouter's queues and moves instances between agents (see the module docstring).
+
+    Args:
+      router: the router whose instances move (it loads the receiving agent's weights from its weights
+        provider).
+      delta: a move happens when max - min queue length > delta (>= 1).
+      cooldown_s: an instance stays at least this long with the agent it moved to.
+      poll_interval_s: seconds between polls when running on a thread (`start()`).
+      min_instances_per_agent: instances every agent keeps.
+      timeline: where queue lengths, instance counts and migrations go (optional).
+    """
+
+    def __init__(self, router: RequestRouter, *, delta: int = 5, cooldown_s: float = 1.0,
+                 poll_interval_s: float = 0.02, min_instances_per_agent: int = 1, timeline: Timeline | None = None):
+        counts = router.instance_counts()
+        validate_balancing(delta=delta, cooldown_s=cooldown_s, poll_interval_s=poll_interval_s,
+                           min_instances_per_agent=min_instances_per_agent, num_agents=len(counts),
+                           num_instances=len(router.members()))
+        short = {agent: n for agent, n in counts.items() if n < min_instances_per_agent}
+        if short:
+            raise ValueError(f"min_instances_per_agent={min_instances_per_agent} but agents start with fewer: {short}")
+        self.router, self.delta, self.cooldown_s = router, delta, cooldown_s
+        self.poll_interval_s, self.min_instances = poll_interval_s, min_instances_per_agent
+        self.timeline = timeline
+        self.moves: list[PlannedMove] = []
+        self._last_recorded: dict[tuple[str, str], int] = {}
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        if timeline is not None:
+            router.add_migration_listener(self._record_migration)
+        self.record_gauges()
+
+    # ------------------------------------------------------------------ one poll
+    def plan(self) -> list[PlannedMove]:
+        """The moves this poll warrants (nothing moves yet)."""
+        router = self.router
+        lengths = router.queue_lengths()
+        members = router.members()
+        now = router.clock()
+        if len(lengths) < 2:
+            return []
+        receiver = max(lengths, key=lambda agent: lengths[agent])
+        if lengths[receiver] - min(lengths.values()) <= self.delta:
+            return []
+        if any(m.state in (DRAINING, LOADING) and m.target_agent == receiver for m in members):
+            return []  # earlier moves still on their way: judge the queue once they serve
+        receiver_arch = next((m.architecture for m in members if m.agent == receiver and m.state == SERVING), None)
+        wanted = (lengths[receiver] - min(lengths.values())) // self.delta
+        counts = router.instance_counts()
+        moves: list[PlannedMove] = []
+        for donor in sorted(lengths, key=lambda agent: lengths[agent]):
+            if donor == receiver or lengths[receiver] - lengths[donor] <= self.delta:
+                continue
+            candidates = sorted(
+                (m for m in members if m.state == SERVING and m.agent == donor
+                 and now - m.migrated_at >= self.cooldown_s and m.architecture == receiver_arch),
+                key=lambda m: (m.samples, m.name))  # the emptiest drains fastest
+            spare = counts[donor] - self.min_instances
+            for member in candidates[:max(spare, 0)]:
+                if len(moves) == wanted:
+                    return moves
+                moves.append(PlannedMove(member.name, donor, receiver))
+        return moves
+
+    def poll_once(self) -> list[PlannedMove]:
+        """Plans and starts this poll's moves; records the gauges. Returns the moves started."""
+        started = []
+        for move in self.plan():
+            try:
+                self.router.migrate(move.instance, move.to_agent, min_instances=self.min_instances)
+            except ValueError as error:  # the router's state changed since planning; next poll re-plans
+                logger.info("balancer skipped a move: %s", error)
+                continue
+            started.append(move)
+            logger.info("balancer: moving %s from %s to %s", move.instance, move.from_agent, move.to_agent)
+        self.moves.extend(started)
+        self.record_gauges()
+        return started
+
+    def record_gauges(self) -> None:
+        """Queue length and instances per agent, on the timeline when they changed since the last poll."""
+        if self.timeline is None:
+            return
+        for series, values in ((QUEUE_LENGTH, self.router.queue_lengths()),
+                               (INSTANCES, self.router.instance_counts())):
+            for agent, value in values.items():
+                if self._last_recorded.get((series, agent)) != value:
+                    self._last_recorded[(series, agent)] = value
+                    self.timeline.sample(series, agent, value)
+
+    def _record_migration(self, instance: Any, from_agent: str, to_agent: str) -> None:
+        self.timeline.record_migration(f"rollout/{instance.name}", from_agent=from_agent, to_agent=to_agent)
+
+    # ------------------------------------------------------------------ thread
+    def start(self) -> InstanceBalancer:
+        if self._thread is None:
+            self._stop.clear()
+            self._thread = threading.Thread(target=self._run, name="instance-balancer", daemon=True)
+            self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(5.0)
+            self._thread = None
+        self.record_gauges()
+
+    def _run(self) -> None:
+        while not self._stop.wait(self.poll_interval_s):
+            try:
+                self.poll_once()
+                self.router.check_timeouts()
+            except Exception:  # noqa: BLE001 - keep balancing; the error is logged
+                logger.exception("balancer poll failed")
