@@ -187,3 +187,92 @@ def test_concurrent_claims_on_the_durable_backend(tmp_path):
     reopened = ExperienceStore.open(tmp_path, backend="file")
     assert reopened.counters("solver") == store.counters("solver")
     assert reopened.claim_micro_batch("solver", 6, current_versions=CURRENT, max_staleness=3) is None
+
+
+@pytest.mark.timeout(120)
+@settings(max_examples=10, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(max_staleness=st.integers(0, 2), seed=st.integers(0, 2**16))
+def test_claims_respect_the_bound_while_versions_advance(max_staleness, seed):
+    """Producers generate under the newest version while it advances; every row ends consumed exactly once
+    (within the bound of the versions current when it was claimed) or dropped as stale; none lost."""
+    store = ExperienceStore.open(None, agents=["solver", "planner"])
+    version = {"value": 0}
+    version_lock = threading.Lock()
+    stop = threading.Event()
+    consumed, errors = [], []
+
+    def current():
+        with version_lock:
+            return {"solver": version["value"], "planner": version["value"]}
+
+    def produce(worker):
+        rng = random.Random(seed + worker)
+        try:
+            for number in range(30):
+                generated_under = current()["solver"]
+                ids = [f"w{worker}n{number}_0_{t}" for t in range(2)]
+                late = rng.random() < 0.5
+                names = [n for n in expected_values("x") if not late or n not in LATE_COLUMNS]
+                store.append_rows(
+                    "solver",
+                    input_ids=[f"w{worker}n{number}"] * 2,
+                    trajectory_ids=[0, 1],
+                    group_size=2,
+                    policy_versions={"solver": generated_under, "planner": generated_under},
+                    columns=columns_for(ids, names),
+                )
+                if late:
+                    store.set_columns("solver", ids, columns_for(ids, LATE_COLUMNS))
+        except BaseException as error:  # noqa: BLE001
+            errors.append(error)
+
+    def advance():
+        rng = random.Random(seed)
+        while not stop.wait(rng.uniform(0.001, 0.01)):
+            with version_lock:
+                version["value"] += 1
+
+    def consume():
+        try:
+            while not stop.is_set():
+                versions = current()
+                batch = store.claim_micro_batch(
+                    "solver",
+                    4,
+                    current_versions=versions,
+                    max_staleness=max_staleness,
+                    allow_partial=True,
+                    timeout=0.005,
+                )
+                if batch is None:
+                    continue
+                for agent, got in batch.policy_versions.items():
+                    assert (got >= versions[agent] - max_staleness).all() and (got <= versions[agent]).all()
+                store.mark_consumed(batch)
+                consumed.extend(batch.sample_ids)
+        except BaseException as error:  # noqa: BLE001
+            errors.append(error)
+
+    producers = [threading.Thread(target=produce, args=(w,)) for w in range(2)]
+    others = [threading.Thread(target=advance)] + [threading.Thread(target=consume) for _ in range(2)]
+    for thread in producers + others:
+        thread.start()
+    for thread in producers:
+        thread.join()
+    stop.set()
+    for thread in others:
+        thread.join()
+    assert errors == []
+    final = current()
+    while (
+        batch := store.claim_micro_batch(
+            "solver", 4, current_versions=final, max_staleness=max_staleness, allow_partial=True
+        )
+    ) is not None:
+        store.mark_consumed(batch)
+        consumed.extend(batch.sample_ids)
+    dropped = store.drop_stale_rows(current_versions=final, max_staleness=max_staleness)
+    assert len(consumed) == len(set(consumed))
+    counts = store.counters("solver")
+    assert counts["consumed"] == len(consumed) and counts["dropped"] == dropped
+    assert counts["consumed"] + counts["dropped"] == counts["total"] == 2 * 2 * 30
