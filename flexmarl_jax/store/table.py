@@ -17,6 +17,7 @@ import tensorstore as ts
 
 from flexmarl_jax.store import layout
 from flexmarl_jax.store.batch import MicroBatch
+from flexmarl_jax.store.blobs import Blobs
 from flexmarl_jax.store.commit import Committer, WriteBatch
 from flexmarl_jax.store.index import RowIndex
 from flexmarl_jax.store.schema import (
@@ -26,7 +27,7 @@ from flexmarl_jax.store.schema import (
     RowState,
     TableSchema,
 )
-from flexmarl_jax.store.values import coerce_column, coerce_scalar, pack_blob, unpack_rows
+from flexmarl_jax.store.values import coerce_column, coerce_scalar, pack_blob
 
 _INT32 = ColumnSpec("_", "int32", "meta")
 
@@ -78,10 +79,7 @@ class AgentTable:
         self._arrays = {name: future.result() for name, future in futures.items()}
         self._index = RowIndex(schema)
         self._cond = threading.Condition(threading.Lock())
-        self._next_blob_id = 1  # blob id 0 means "no value"
-        # Rows whose current value of a data column lives in each blob: a blob nobody points at any more
-        # (values overwritten, or rows consumed/dropped when freeing) is deleted in the same transaction.
-        self._blob_rows: dict[tuple[str, int], int] = {}
+        self._blobs = Blobs(agent, self.specs, kvstore, committer)
         self._free_consumed_values = free_consumed_values
 
     # ---- append ----------
@@ -99,6 +97,8 @@ class AgentTable:
         if isinstance(input_ids, (str, bytes)) or not isinstance(input_ids, (Sequence, np.ndarray)):
             raise TypeError(f"input_ids must be a list of str or int, got {type(input_ids).__name__}")
         num_rows = len(input_ids)
+        if num_rows == 0:
+            return []
         for input_id in input_ids:
             if isinstance(input_id, bool) or not isinstance(input_id, (str, int, np.integer)):
                 raise TypeError(f"input_id {input_id!r} must be a str or an int")
@@ -133,7 +133,7 @@ class AgentTable:
 
         with self._cond:
             self._index.check_new_rows(sample_ids, group_keys, group_size_rows)
-            refs = self._assign_blob_ids(packed)
+            refs = self._blobs.assign_ids(packed)
             ready = status.all(axis=1)
             times[ready, 1] = now
             start = self._index.num_rows
@@ -154,7 +154,7 @@ class AgentTable:
             rows = slice(start, start + num_rows)
             batch = WriteBatch()
             self._write_blobs(batch, packed, refs, rows)
-            self._track_blobs(refs, num_rows)
+            self._blobs.track(refs, num_rows)
             columns_out = {
                 "state": state,
                 "turn": turns,
@@ -171,7 +171,7 @@ class AgentTable:
                 columns_out[STATUS_PREFIX + name] = np.ones(num_rows, bool)
             for name, value in columns_out.items():
                 batch.write(self._arrays[name], rows, np.asarray(value))
-            batch.write(self._counters, slice(0, 2), np.array([start + num_rows, self._next_blob_id]))
+            batch.write(self._counters, slice(0, 2), np.array([start + num_rows, self._blobs.next_blob_id]))
             seq = self._committer.enqueue(batch)
             self._cond.notify_all()
         self._committer.wait(seq)
@@ -218,42 +218,17 @@ class AgentTable:
             name: coerce_column(self.data_specs[name], values, num_rows) for name, values in columns.items()
         }
 
-    def _assign_blob_ids(self, packed: dict[str, tuple[bytes, np.ndarray]]) -> dict[str, np.ndarray]:
-        refs = {}
-        for name, (_, column_refs) in packed.items():
-            column_refs[:, 0] = self._next_blob_id
-            self._next_blob_id += 1
-            refs[name] = column_refs
-        return refs
-
-    def _track_blobs(self, refs: dict[str, np.ndarray], num_rows: int) -> None:
-        for name, column_refs in refs.items():
-            if name in self.data_specs and num_rows:
-                self._blob_rows[name, int(column_refs[0, 0])] = num_rows
-
-    def _release_blobs(self, batch: WriteBatch, name: str, blob_ids: np.ndarray) -> None:
-        """``blob_ids`` [rows] no longer hold these rows' values; deletes blobs left without rows."""
-        ids, counts = np.unique(blob_ids[blob_ids > 0], return_counts=True)
-        for blob_id, count in zip(ids.tolist(), counts.tolist(), strict=True):
-            left = self._blob_rows.get((name, blob_id), 0) - count
-            if left > 0:
-                self._blob_rows[name, blob_id] = left
-            else:
-                self._blob_rows.pop((name, blob_id), None)
-                batch.delete_blob(layout.blob_key(self.agent, name, blob_id))
-
     def _free_values(self, batch: WriteBatch, rows: np.ndarray) -> None:
         """Consumed/dropped rows give up their sequence values when the store frees them (memory default)."""
         if not self._free_consumed_values:
             return
         for name, refs in self._index.refs.items():
-            self._release_blobs(batch, name, refs[rows, 0])
+            self._blobs.release(batch, name, refs[rows, 0])
             refs[rows] = 0
 
     def _write_blobs(self, batch: WriteBatch, packed: dict, refs: dict, rows: slice | np.ndarray) -> None:
         for name, (data, _) in packed.items():
-            blob_id = int(refs[name][0, 0]) if len(refs[name]) else 0
-            batch.put_blob(layout.blob_key(self.agent, name, blob_id), data)
+            batch.put_blob(layout.blob_key(self.agent, name, int(refs[name][0, 0])), data)
             batch.write(self._arrays[name], rows, refs[name])
 
     # ---- set columns ------------------------------------------------------------------------------------
@@ -285,13 +260,13 @@ class AgentTable:
             order = np.argsort(row_ids)
             row_ids = row_ids[order]
             index = _as_index(row_ids)
-            refs = self._assign_blob_ids(packed)
+            refs = self._blobs.assign_ids(packed)
             batch = WriteBatch()
             for name in packed:
                 refs[name] = refs[name][order]
-                self._release_blobs(batch, name, self._index.refs[name][row_ids, 0])
+                self._blobs.release(batch, name, self._index.refs[name][row_ids, 0])
                 self._index.refs[name][row_ids] = refs[name]
-            self._track_blobs(refs, num_rows)
+            self._blobs.track(refs, num_rows)
             self._write_blobs(batch, packed, refs, index)
             for name, value in values.items():
                 if not isinstance(value, list):
@@ -307,7 +282,7 @@ class AgentTable:
                 )
                 batch.write(self._arrays["ready_at"], ready_index, np.full(len(became_ready), now))
             if packed:
-                batch.write(self._counters, slice(1, 2), np.array([self._next_blob_id]))
+                batch.write(self._counters, slice(1, 2), np.array([self._blobs.next_blob_id]))
             seq = self._committer.enqueue(batch)
             self._cond.notify_all()
         self._committer.wait(seq)
@@ -357,7 +332,7 @@ class AgentTable:
             refs = {n: index.refs[n][rows] for n in names if n in index.refs}
         # Blobs are immutable once written, so reading them needs no lock.
         values: dict[str, object] = dict(scalars)
-        values.update(self._read_refs(refs))
+        values.update(self._blobs.read(refs))
         return MicroBatch(
             agent=self.agent,
             claim_id=claim_id,
@@ -396,52 +371,6 @@ class AgentTable:
         if filled == size or (allow_partial and filled > 0):
             return np.asarray(chosen, np.int64)
         return None
-
-    def _read_refs(self, refs: dict[str, np.ndarray], *, missing_ok: bool = False) -> dict[str, list]:
-        """Values of by-reference columns: one ranged read per (column, blob) covering the rows asked for."""
-        reads = {}
-        for name, column_refs in refs.items():
-            itemsize = self.specs[name].dtype.itemsize
-            for blob_id in np.unique(column_refs[:, 0]).tolist():
-                if blob_id == 0:  # never set: the value stays None
-                    continue
-                in_blob = column_refs[column_refs[:, 0] == blob_id]
-                low = int(in_blob[:, 1].min())
-                high = int((in_blob[:, 1] + in_blob[:, 2]).max())
-                byte_range = slice(low * itemsize, high * itemsize)
-                key = layout.blob_key(self.agent, name, blob_id)
-                pending = self._committer.pending_blob(key)
-                if pending is not None:
-                    read = pending[byte_range]
-                elif high == low:
-                    read = b""
-                else:
-                    read = self._kvstore.read(key, byte_range=byte_range)
-                reads[name, blob_id] = (low, read)
-        out = {}
-        for name, column_refs in refs.items():
-            spec = self.specs[name]
-            values: list = [None] * len(column_refs)
-            for blob_id in np.unique(column_refs[:, 0]).tolist():
-                if blob_id == 0:
-                    continue
-                low, raw = reads[name, blob_id]
-                if not isinstance(raw, bytes):
-                    result = raw.result()
-                    if result.state != "value" and missing_ok:  # freed: the rows were consumed or dropped
-                        continue
-                    if result.state != "value":
-                        raise RuntimeError(f"blob {layout.blob_key(self.agent, name, blob_id)} is missing")
-                    raw = result.value
-                blob = layout.decode_blob(raw, spec.dtype) if spec.kind != "str" else raw
-                positions = np.flatnonzero(column_refs[:, 0] == blob_id)
-                local_refs = column_refs[positions] - np.array([0, low, 0])
-                for position, value in zip(
-                    positions.tolist(), unpack_rows(spec, blob, local_refs), strict=True
-                ):
-                    values[position] = value
-            out[name] = values
-        return out
 
     def consume(self, claim_id: int) -> int:
         with self._cond:
@@ -523,7 +452,7 @@ class AgentTable:
             }
             out.update({n: index.scalars[n][rows] for n in names if n in index.scalars})
             refs = {n: index.refs[n][rows] for n in names if n in index.refs}
-        out.update(self._read_refs(refs, missing_ok=True))
+        out.update(self._blobs.read(refs, missing_ok=True))
         return out
 
     def row_states(self, sample_ids: Sequence[str]) -> list[RowState]:
@@ -535,12 +464,12 @@ class AgentTable:
     def load(self) -> None:
         """Rebuilds the index from the committed arrays (rows 0 .. row_count-1)."""
         row_count, next_blob_id = self._counters.read().result().tolist()
-        self._next_blob_id = max(1, next_blob_id)
+        self._blobs.next_blob_id = max(1, next_blob_id)
         if row_count == 0:
             return
         futures = {name: array[:row_count].read() for name, array in self._arrays.items()}
         arrays = {name: future.result() for name, future in futures.items()}
-        strings = self._read_refs({name: arrays[name] for name in ("sample_id", "input_id", "group_id")})
+        strings = self._blobs.read({name: arrays[name] for name in ("sample_id", "input_id", "group_id")})
         state = arrays["state"].astype(np.int32)
         state[state == RowState.CLAIMED] = RowState.READY  # never written, but a lease is never durable
         names = list(self.data_specs)
@@ -563,7 +492,4 @@ class AgentTable:
         for name, refs in self._index.refs.items():
             if self._free_consumed_values:
                 refs[:row_count][finished] = 0  # their blobs were deleted when they finished
-            ids, counts = np.unique(refs[:row_count, 0], return_counts=True)
-            for blob_id, count in zip(ids.tolist(), counts.tolist(), strict=True):
-                if blob_id:
-                    self._blob_rows[name, blob_id] = count
+            self._blobs.count_loaded(name, refs[:row_count, 0])

@@ -1,0 +1,107 @@
+"""By-reference values of one agent's table: blob ids, how many rows point at each blob, ranged reads.
+
+One write (an append or a ``set_columns`` call) puts each by-reference column's values of all its rows into
+one blob; rows hold (blob_id, offset, length). A blob that no row points at any more (values overwritten,
+or rows consumed/dropped when the store frees them) is deleted in the same transaction. The caller holds
+the table lock for everything except ``read``: blobs are immutable once written, so reads need no lock.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import tensorstore as ts
+
+from flexmarl_jax.store import layout
+from flexmarl_jax.store.commit import Committer, WriteBatch
+from flexmarl_jax.store.schema import ColumnSpec
+from flexmarl_jax.store.values import unpack_rows
+
+
+class Blobs:
+    def __init__(self, agent: str, specs: dict[str, ColumnSpec], kvstore: ts.KvStore, committer: Committer):
+        self.agent = agent
+        self._specs = specs
+        self._kvstore = kvstore
+        self._committer = committer
+        self.next_blob_id = 1  # blob id 0 means "no value"
+        self._rows: dict[tuple[str, int], int] = {}  # (data column, blob id) -> rows pointing at it
+
+    def assign_ids(self, packed: dict[str, tuple[bytes, np.ndarray]]) -> dict[str, np.ndarray]:
+        """Gives each packed column's blob the next id; returns the refs [rows, 3] per column."""
+        refs = {}
+        for name, (_, column_refs) in packed.items():
+            column_refs[:, 0] = self.next_blob_id
+            self.next_blob_id += 1
+            refs[name] = column_refs
+        return refs
+
+    def track(self, refs: dict[str, np.ndarray], num_rows: int) -> None:
+        """New blobs of data columns, each pointed at by ``num_rows`` rows (meta strings are never freed)."""
+        for name, column_refs in refs.items():
+            if self._specs[name].role == "data" and num_rows:
+                self._rows[name, int(column_refs[0, 0])] = num_rows
+
+    def count_loaded(self, name: str, blob_ids: np.ndarray) -> None:
+        ids, counts = np.unique(blob_ids[blob_ids > 0], return_counts=True)
+        for blob_id, count in zip(ids.tolist(), counts.tolist(), strict=True):
+            self._rows[name, blob_id] = count
+
+    def release(self, batch: WriteBatch, name: str, blob_ids: np.ndarray) -> None:
+        """``blob_ids`` [rows] no longer hold these rows' values; deletes blobs left without rows."""
+        ids, counts = np.unique(blob_ids[blob_ids > 0], return_counts=True)
+        for blob_id, count in zip(ids.tolist(), counts.tolist(), strict=True):
+            left = self._rows.get((name, blob_id), 0) - count
+            if left > 0:
+                self._rows[name, blob_id] = left
+            else:
+                self._rows.pop((name, blob_id), None)
+                batch.delete_blob(layout.blob_key(self.agent, name, blob_id))
+
+    def read(self, refs: dict[str, np.ndarray], *, missing_ok: bool = False) -> dict[str, list]:
+        """Values of by-reference columns (None where never set): one ranged read per (column, blob).
+
+        ``missing_ok``: a deleted blob (its rows were consumed and freed) reads as None instead of raising.
+        """
+        reads = {}
+        for name, column_refs in refs.items():
+            itemsize = self._specs[name].dtype.itemsize
+            for blob_id in np.unique(column_refs[:, 0]).tolist():
+                if blob_id == 0:
+                    continue
+                in_blob = column_refs[column_refs[:, 0] == blob_id]
+                low = int(in_blob[:, 1].min())
+                high = int((in_blob[:, 1] + in_blob[:, 2]).max())
+                byte_range = slice(low * itemsize, high * itemsize)
+                key = layout.blob_key(self.agent, name, blob_id)
+                pending = self._committer.pending_blob(key)  # queued, maybe not committed yet
+                if pending is not None:
+                    read = pending[byte_range]
+                elif high == low:
+                    read = b""
+                else:
+                    read = self._kvstore.read(key, byte_range=byte_range)
+                reads[name, blob_id] = (low, read)
+        out = {}
+        for name, column_refs in refs.items():
+            spec = self._specs[name]
+            values: list = [None] * len(column_refs)
+            for blob_id in np.unique(column_refs[:, 0]).tolist():
+                if blob_id == 0:
+                    continue
+                low, raw = reads[name, blob_id]
+                if not isinstance(raw, bytes):
+                    result = raw.result()
+                    if result.state != "value":
+                        if missing_ok:
+                            continue
+                        raise RuntimeError(f"blob {layout.blob_key(self.agent, name, blob_id)} is missing")
+                    raw = result.value
+                blob = layout.decode_blob(raw, spec.dtype) if spec.kind != "str" else raw
+                positions = np.flatnonzero(column_refs[:, 0] == blob_id)
+                local_refs = column_refs[positions] - np.array([0, low, 0])
+                for position, value in zip(
+                    positions.tolist(), unpack_rows(spec, blob, local_refs), strict=True
+                ):
+                    values[position] = value
+            out[name] = values
+        return out
