@@ -96,7 +96,8 @@ def _clipped_policy_terms(logprobs, batch: MicroBatch, config: LossConfig):
         per_token = per_token + config.kl_coef * kl
     else:
         kl = jnp.zeros_like(pg)
-    clipped = (ratio * advantages != clipped_ratio * advantages).astype(jnp.float32)
+    # The clip is active (the token gives no gradient) where the clipped branch is the smaller one.
+    clipped = (clipped_ratio * advantages < ratio * advantages).astype(jnp.float32)
     per_token = jnp.where(mask, per_token, 0.0)
     return per_token, dict(pg=pg * tis, kl=kl, clip_fraction=clipped, tis_weight=tis, ratio=ratio)
 
