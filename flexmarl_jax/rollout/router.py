@@ -102,8 +102,9 @@ class _Member:
     def key(self) -> tuple[int, int]:
         return (self.tokens, self.samples)
 
-    def has_room(self) -> bool:
-        return self.samples < self.capacity
+    def has_room(self, samples: int) -> bool:
+        """Room for a request of `samples` (an idle instance takes any size: its loop queues the excess)."""
+        return self.samples == 0 or self.samples + samples <= self.capacity
 
 
 def capacity_of(instance: Any) -> int:
@@ -364,15 +365,15 @@ class RequestRouter:
         member.version += 1
         heapq.heappush(self._heaps[member.agent], (member.key(), next(self._heap_ties), member.version, member))
 
-    def _pick(self, agent: str) -> _Member | None:
-        """The least-loaded serving instance of `agent` with a free slot (lock held)."""
+    def _pick(self, agent: str, samples: int) -> _Member | None:
+        """The least-loaded serving instance of `agent` with room for `samples` (lock held)."""
         heap, skipped, chosen = self._heaps[agent], [], None
         while heap:
             entry = heapq.heappop(heap)
             member = entry[3]
             if entry[2] != member.version or member.state != SERVING or member.agent != agent:
                 continue  # stale
-            if member.has_room():
+            if member.has_room(samples):
                 chosen = member
                 break
             skipped.append(entry)
@@ -390,7 +391,7 @@ class RequestRouter:
             for agent in agents:
                 queue = self._queues[agent]
                 while queue:
-                    member = self._pick(agent)
+                    member = self._pick(agent, queue[0].request.num_samples)
                     if member is None:
                         break
                     job = queue.popleft()

@@ -50,8 +50,8 @@ class FakeInstance:
         self.submitted += 1
 
     def update_params(self, params, version) -> None:
-        if self.held:
-            self.violations.append(f"{self.name} got new weights with {len(self.held)} requests in flight")
+        if self.held and params != self.weights_agent:  # a sync of its own agent may land any time
+            self.violations.append(f"{self.name} got {params} weights with {len(self.held)} requests in flight")
         self.weights_agent, self.version = params, version
 
     def _cancel(self, request) -> bool:
@@ -203,7 +203,8 @@ def test_bad_router_arguments():
         RequestRouter({"solver": []})
     with pytest.raises(ValueError, match="'s0' is used twice"):
         RequestRouter({"solver": [FakeInstance("s0", "solver")], "critic": [FakeInstance("s0", "critic")]})
-    router = RequestRouter({"solver": [FakeInstance("s0", "solver")], "critic": [FakeInstance("c0", "critic")]})
+    router = RequestRouter({"solver": [FakeInstance("s0", "solver"), FakeInstance("s1", "solver")],
+                            "critic": [FakeInstance("c0", "critic")]})
     with pytest.raises(ValueError, match="unknown agent 'judge'"):
         router.submit("judge", RolloutRequest((0, 1)))
     with pytest.raises(ValueError, match="no weights known for agent 'critic'"):
