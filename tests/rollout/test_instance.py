@@ -113,3 +113,22 @@ def test_threaded_instances_make_progress_together(engine, tiny_model):
     assert all(instance.generated_tokens > 0 for instance in instances)
     for index, prompt in enumerate(prompts):
         assert list(done[index].token_ids) == greedy_reference(tiny_model, prompt, 6, tiny_model.tokenizer.eos_id)
+
+
+def test_instance_on_a_tensor_parallel_sub_mesh_matches_full_forward(tiny_model):
+    from flexmarl_jax.mesh.meshes import make_mesh
+    from flexmarl_jax.rollout.settings import EngineConfig
+
+    mesh = make_mesh(jax.devices()[2:4], fsdp=1, tp=2)
+    config = EngineConfig(max_concurrent_decodes=4, max_prefill_length=32, max_decode_length=8, prefill_buckets=(32,))
+    instance = EngineInstance.create(tiny_model.config, tiny_model.graphdef, tiny_model.params, config,
+                                     tiny_model.tokenizer, mesh=mesh)
+    assert {d.id for d in instance.engine.init_decode_state().cache["k"].sharding.device_set} == {2, 3}
+    prompts = prompts_of_mixed_lengths(tiny_model.tokenizer, 3, seed=8)
+    results = {}
+    for index, prompt in enumerate(prompts):
+        instance.submit(RolloutRequest(prompt, max_new_tokens=8, on_done=lambda r, i=index: results.setdefault(i, r)))
+    instance.run_until_idle()
+    for index, prompt in enumerate(prompts):
+        want = greedy_reference(tiny_model, prompt, 8, tiny_model.tokenizer.eos_id)
+        assert list(results[index][0].token_ids) == want
