@@ -37,6 +37,12 @@ def get_config(variant: str | None = None) -> ml_collections.ConfigDict:
     config.workflow.task_options = ml_collections.ConfigDict()  # keyword arguments of the task's constructor
     config.workflow.task_options.max_digits = 1  # arithmetic: digits per operand
     config.workflow.task_options.operators = "+"  # arithmetic: operators to draw from
+    config.workflow.task_options.max_answer = 9  # arithmetic: redraw until the answer is at most this
+    # Per-agent reward shaping on top of the team reward (names depend on the workflow; chain's below).
+    config.workflow.shaping_weights = ml_collections.ConfigDict()
+    config.workflow.shaping_weights.solver_correct = 1.0  # chain: the solver's own answer is right
+    config.workflow.shaping_weights.verifier_judgement = 0.5  # chain: the verdict matches the truth
+    config.workflow.shaping_weights.corrector_fix = 0.5  # chain: a wrong answer was fixed
     config.workflow.queries_per_iteration = 16  # distinct queries rolled out per iteration
     config.workflow.samples_per_query = 4  # trajectories per query (the GRPO group size)
     config.workflow.warmup_steps = 0  # supervised warm-up steps before the first RL iteration

@@ -23,7 +23,8 @@ SECTION_FIELDS = {
     "": {"seed": int, "workdir": str, "iterations": int, "agents": dict, "workflow": dict, "rollout": dict,
          "train": dict, "mesh": dict, "store": dict, "pipeline": dict},
     "agents.*": {"model": str, "temperature": float, "top_k": int, "top_p": float, "learning_rate": float},
-    "workflow": {"name": str, "agents": tuple, "task": str, "task_options": dict, "queries_per_iteration": int,
+    "workflow": {"name": str, "agents": tuple, "task": str, "task_options": dict, "shaping_weights": dict,
+                 "queries_per_iteration": int,
                  "samples_per_query": int, "warmup_steps": int},
     "rollout": {"instances_per_agent": int, "decode_slots": int, "max_prompt_length": int,
                 "max_response_length": int},
@@ -99,6 +100,22 @@ def _check_model(name: str, field: str) -> None:
                           f"presets: {', '.join(sorted(presets.PRESETS))}")
 
 
+def _check_workflow(config: ml_collections.ConfigDict) -> None:
+    """Builds the workflow and task once (pure Python, no JAX) so their errors surface at load time."""
+    from flexmarl_jax.workflows import build_workflow_for_agents, resolve_task
+
+    try:
+        build_workflow_for_agents(config.workflow.name, list(config.workflow.agents),
+                                  shaping_weights=config.workflow.shaping_weights.to_dict())
+    except ValueError as error:
+        raise ConfigError(f"config.workflow: {error}") from None
+    try:
+        resolve_task(config.workflow.task, **config.workflow.task_options.to_dict())
+    except (ValueError, TypeError) as error:
+        raise ConfigError(f"config.workflow.task={config.workflow.task!r} with task_options="
+                          f"{config.workflow.task_options.to_dict()}: {error}") from None
+
+
 def validate_config(config: ml_collections.ConfigDict, *, available_devices: int | None = None) -> None:
     """Raises ConfigError on the first problem found; `available_devices` enables the mesh-size check."""
     _check_fields(config, "", SECTION_FIELDS[""])
@@ -141,6 +158,7 @@ def validate_config(config: ml_collections.ConfigDict, *, available_devices: int
     _check_choice(config, "workflow.name", WORKFLOWS)
     _check_choice(config, "store.backend", STORE_BACKENDS)
 
+    _check_workflow(config)
     train, workflow = config.train, config.workflow
     samples = workflow.queries_per_iteration * workflow.samples_per_query
     if train.global_batch_size != samples:

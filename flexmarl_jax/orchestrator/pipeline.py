@@ -113,17 +113,21 @@ class JointOrchestrator:
       pad_id: the tokenizer's pad id (micro-batch padding).
       sampling: agent -> SamplingParams for rollout (seeds are derived per iteration).
       aggregation, estimator: the loss aggregation and advantage estimator of the algorithm.
+      on_update_applied: called with the iteration after every agent applied its update and before the
+        iteration's rows are marked consumed (run.py checkpoints there, so a crash never loses a sample).
     """
 
     def __init__(self, settings: PipelineSettings, *, trainers: Mapping[str, AgentTrainer], store: ExperienceStore,
                  workflow: Workflow, task: Task, backend: GenerationBackend,
                  sync_weights: Callable[[str, Any, int], None], sampling: Mapping[str, SamplingParams],
                  pad_id: int, aggregation: str, estimator: str, timeline: Timeline | None = None,
-                 calls_per_trajectory: Mapping[str, int] | None = None):
+                 calls_per_trajectory: Mapping[str, int] | None = None,
+                 on_update_applied: Callable[[int], None] | None = None):
         self.settings = settings
         self.trainers = dict(trainers)
         self.store, self.workflow, self.task, self.backend = store, workflow, task, backend
         self.sync_weights = sync_weights
+        self.on_update_applied = on_update_applied
         self.sampling = dict(sampling)
         self.timeline = timeline or Timeline()
         self.checker = ConsistencyChecker(settings.max_staleness) if settings.debug_invariants else None
@@ -140,6 +144,7 @@ class JointOrchestrator:
         for agent in self.trainers:
             self.timeline.declare(f"train/{agent}")
         self._pending_rollout: _Rollout | None = None
+        self.attempts: dict[int, int] = {}  # iteration -> times it was restarted after a crash
         self._synced = {}
         self.sync_all()
 
@@ -165,8 +170,14 @@ class JointOrchestrator:
         return group_advantages(rewards, [0] * len(rewards), self.estimator)
 
     def problems_for(self, iteration: int):
+        """The iteration's queries: fixed by (seed, iteration). A redone iteration (`attempts`) keeps the
+        queries but gets fresh input ids, since a durable store still holds the dropped first attempt."""
         seed = zlib.crc32(f"{self.settings.seed}/{iteration}".encode())
-        return self.task.generate(self.settings.queries_per_iteration, seed=seed)
+        problems = self.task.generate(self.settings.queries_per_iteration, seed=seed)
+        attempt = self.attempts.get(iteration, 0)
+        if attempt:
+            problems = [dataclasses.replace(p, input_id=f"{p.input_id}r{attempt}") for p in problems]
+        return problems
 
     def _start_rollout(self, iteration: int, *, hold_rows: bool) -> _Rollout:
         versions = dict(self._synced)
@@ -266,6 +277,8 @@ class JointOrchestrator:
             for dispatcher in dispatchers.values():
                 dispatcher.release_all()
             raise
+        if self.on_update_applied is not None:
+            self.on_update_applied(iteration)  # e.g. checkpoint: before rows count as consumed
         consumed = {agent: dispatcher.commit() for agent, dispatcher in dispatchers.items()}
         if self.checker is not None and settings.max_staleness == 0:
             self.checker.check_all_consumed()

@@ -7,6 +7,7 @@ iteration from the last checkpoint — nothing it had claimed was applied, so no
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import time
@@ -68,7 +69,8 @@ def build_orchestrator(config: ml_collections.ConfigDict, *, timeline: metrics.T
                             colocate=mode == "serial")
     tokenizer = CharTokenizer()
     trainers = build_trainers(config, layout)
-    workflow = build_workflow_for_agents(config.workflow.name, agents)
+    workflow = build_workflow_for_agents(config.workflow.name, agents,
+                                         shaping_weights=config.workflow.shaping_weights.to_dict())
     task = resolve_task(config.workflow.task, **config.workflow.task_options.to_dict())
     checkpoint_root = os.path.join(config.workdir, CHECKPOINT_DIR)
     start = 0
@@ -83,9 +85,6 @@ def build_orchestrator(config: ml_collections.ConfigDict, *, timeline: metrics.T
         save_all(trainers, checkpoint_root)
     timeline = timeline or metrics.Timeline()
     store = ExperienceStore.open(config.workdir, agents=agents, backend=config.store.backend)
-    if start > 0:
-        # Rows of the iteration that was cut short were never applied: redo that iteration from scratch.
-        store.drop_stale_rows(current_versions=start + 1, max_staleness=0)
     rollout = build_rollout(config, layout, trainers, tokenizer, timeline)
     settings = PipelineSettings(
         mode=mode, async_micro_batches=config.pipeline.async_micro_batches,
@@ -97,8 +96,34 @@ def build_orchestrator(config: ml_collections.ConfigDict, *, timeline: metrics.T
     orchestrator = JointOrchestrator(
         settings, trainers=trainers, store=store, workflow=workflow, task=task, backend=rollout.backend,
         sync_weights=rollout.sync_weights, sampling=sampling_for(config), pad_id=tokenizer.pad_id,
-        aggregation=loss.aggregation, estimator=loss.advantage_estimator, timeline=timeline)
+        aggregation=loss.aggregation, estimator=loss.advantage_estimator, timeline=timeline,
+        on_update_applied=lambda iteration: save_all(trainers, checkpoint_root, max_to_keep=2))
     return orchestrator, trainers, store, rollout, start
+
+
+def _begin_attempt(orchestrator: JointOrchestrator, workdir: str, iteration: int) -> None:
+    """Records that `iteration` starts. If an earlier run started it and died before its update was
+    checkpointed, the durable store still holds that attempt's unapplied rows: drop them and redo it."""
+    previous = _count_attempt(workdir, iteration)
+    orchestrator.attempts[iteration] = previous
+    if previous:
+        dropped = orchestrator.store.drop_stale_rows(current_versions=iteration + 1, max_staleness=0)
+        logger.info("redoing iteration %d (attempt %d); dropped %d unapplied rows", iteration, previous, dropped)
+
+
+def _count_attempt(workdir: str, iteration: int) -> int:
+    """How many times `iteration` was started before; records this start."""
+    path = os.path.join(workdir, "attempts.json")
+    attempts = {}
+    if os.path.isfile(path):
+        with open(path) as handle:
+            attempts = json.load(handle)
+    previous = int(attempts.get(str(iteration), 0))
+    attempts[str(iteration)] = previous + 1
+    with open(path + ".tmp", "w") as handle:
+        json.dump(attempts, handle)
+    os.replace(path + ".tmp", path)
+    return previous
 
 
 def run_training(config: ml_collections.ConfigDict) -> int:
@@ -112,13 +137,13 @@ def run_training(config: ml_collections.ConfigDict) -> int:
     timeline = orchestrator.timeline
     orchestrator.set_horizon(config.iterations)
     writer = metrics.MetricsWriter(workdir)
-    checkpoint_root = os.path.join(workdir, CHECKPOINT_DIR)
     try:
         with metrics.IterationProgress(total=config.iterations, initial=start) as progress:
             for iteration in range(start, config.iterations):
+                if config.store.backend == "file":
+                    _begin_attempt(orchestrator, config.workdir, iteration)
                 t0 = timeline.now()
                 record = orchestrator.run_iteration(iteration)
-                save_all(trainers, checkpoint_root, max_to_keep=2)
                 t1 = timeline.now()
                 record.update(timeline.time_split(t0, t1))
                 record["e2e_s"] = t1 - t0

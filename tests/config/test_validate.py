@@ -56,3 +56,14 @@ def test_unknown_and_mistyped_fields_in_a_config_file():
 def test_every_shipped_variant_is_valid():
     for variant in ("", "sync", "serial", "stale1", "smoke"):
         validate_config(load_config(f"configs/tiny.py:{variant}"), available_devices=8)
+
+
+@pytest.mark.parametrize("overrides, fragment", [
+    ({"workflow.agents": "('solver', 'verifier')"}, "config.workflow.agents=('solver', 'verifier') must list each"),
+    ({"workflow.task_options.max_digits": "0"}, "max_digits=0"),
+    ({"workflow.task": "sudoku"}, "config.workflow.task='sudoku'"),
+])
+def test_bad_workflow_settings(overrides, fragment):
+    with pytest.raises(ConfigError) as error:
+        _validate(overrides)
+    assert fragment in str(error.value)
