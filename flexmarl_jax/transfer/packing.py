@@ -48,6 +48,10 @@ class _Piece:
 # Packing needs a second copy of what it packs on the devices; splitting a move into waves of at most
 # this many bytes per device bounds that extra memory (each wave is packed, moved and freed in turn).
 MAX_WAVE_BYTES = 256 * 2**20
+# Leaves whose local shard is larger than this move on their own ("direct"): their transfer is
+# bandwidth-bound already, and packing them would only add a device-side copy. Small leaves (norms,
+# biases, small layers: where per-transfer control overhead dominates) are packed.
+MAX_PACKED_LEAF_BYTES = 2**20
 
 
 @dataclasses.dataclass(frozen=True, eq=False)  # identity hash: make_layout caches one object per layout
@@ -56,6 +60,7 @@ class PackedLayout:
 
     A buffer ("group") holds leaves of one dtype; a dtype with more than ``MAX_WAVE_BYTES`` per device
     spans several groups. Groups are moved in waves (a few groups per dispatch) of bounded size.
+    Leaves larger than ``MAX_PACKED_LEAF_BYTES`` per device are not packed but moved on their own.
     """
     mesh: Mesh
     specs: tuple[PartitionSpec, ...]
@@ -65,6 +70,7 @@ class PackedLayout:
     row_sizes: tuple[int, ...]  # local elements per device, per group
     rows: tuple[tuple[tuple[_Piece, ...], ...], ...]  # [group][row] -> pieces
     waves: tuple[tuple[int, ...], ...]  # group numbers moved together
+    direct: tuple[int, ...]  # leaf numbers moved on their own (large leaves)
 
     @functools.cached_property
     def shardings(self) -> tuple[NamedSharding, ...]:
@@ -94,18 +100,22 @@ def _split_by_bytes(items: list[int], nbytes: dict[int, int], limit: int) -> lis
 
 @functools.lru_cache(maxsize=128)
 def make_layout(mesh: Mesh, specs: tuple[PartitionSpec, ...], shapes: tuple[tuple[int, ...], ...],
-                dtypes: tuple[str, ...], max_wave_bytes: int | None = None) -> PackedLayout:
+                dtypes: tuple[str, ...], max_wave_bytes: int | None = None,
+                max_packed_leaf_bytes: int | None = None) -> PackedLayout:
     """Builds (and caches) the packed layout for leaves of these shapes/dtypes/specs on ``mesh``."""
     limit = MAX_WAVE_BYTES if max_wave_bytes is None else max_wave_bytes
+    leaf_limit = MAX_PACKED_LEAF_BYTES if max_packed_leaf_bytes is None else max_packed_leaf_bytes
     devices = list(mesh.devices.flat)
     shardings = [NamedSharding(mesh, spec) for spec in specs]
     index_maps = [s.devices_indices_map(shape) for s, shape in zip(shardings, shapes, strict=True)]
     local_shapes = [_local_shape(shape, s) for s, shape in zip(shardings, shapes, strict=True)]
     local_sizes = [int(np.prod(shape, dtype=np.int64)) for shape in local_shapes]
     local_bytes = {leaf: size * np.dtype(dtypes[leaf]).itemsize for leaf, size in enumerate(local_sizes)}
+    direct = tuple(leaf for leaf in range(len(shapes)) if local_bytes[leaf] > leaf_limit)
     by_dtype: dict[str, list[int]] = {}
     for leaf, dtype in enumerate(dtypes):
-        by_dtype.setdefault(dtype, []).append(leaf)
+        if local_bytes[leaf] <= leaf_limit:
+            by_dtype.setdefault(dtype, []).append(leaf)
     groups, row_sizes, rows = [], [], []
     for dtype, leaves_of_dtype in by_dtype.items():
         for leaves in _split_by_bytes(leaves_of_dtype, local_bytes, limit):
@@ -127,7 +137,7 @@ def make_layout(mesh: Mesh, specs: tuple[PartitionSpec, ...], shapes: tuple[tupl
     group_bytes = {g: size * np.dtype(groups[g][0]).itemsize for g, size in enumerate(row_sizes)}
     waves = _split_by_bytes(list(range(len(groups))), group_bytes, limit)
     return PackedLayout(mesh, specs, shapes, dtypes, tuple(groups), tuple(row_sizes), tuple(rows),
-                        tuple(tuple(w) for w in waves))
+                        tuple(tuple(w) for w in waves), direct)
 
 
 @functools.lru_cache(maxsize=256)
@@ -223,7 +233,10 @@ def _put_wave(buffers: Sequence, layout: PackedLayout) -> list[jax.Array]:
 
 def buffers_to_host(host_buffers: Sequence[np.ndarray], layout: PackedLayout) -> list[np.ndarray]:
     """Packed host buffers [num_devices, local_size] -> full host arrays, one numpy copy per shard."""
-    hosts = [np.empty(shape, dtype=dtype) for shape, dtype in zip(layout.shapes, layout.dtypes, strict=True)]
+    hosts: list = [None] * len(layout.shapes)
+    for _, leaves in layout.groups:
+        for leaf in leaves:
+            hosts[leaf] = np.empty(layout.shapes[leaf], dtype=layout.dtypes[leaf])
     for buffer, group_rows in zip(host_buffers, layout.rows, strict=True):
         for row, pieces in zip(buffer, group_rows, strict=True):
             for piece in pieces:
@@ -254,14 +267,18 @@ class HostPacked:
     """
     layout: PackedLayout
     buffers: list[np.ndarray]
+    direct: dict[int, np.ndarray]  # the layout's direct leaves, as full host arrays
 
     @property
     def nbytes(self) -> int:
-        return sum(buffer.nbytes for buffer in self.buffers)
+        return sum(b.nbytes for b in self.buffers) + sum(a.nbytes for a in self.direct.values())
 
     def to_arrays(self) -> list[np.ndarray]:
         """Full (unsharded) host arrays, one per leaf."""
-        return buffers_to_host(self.buffers, self.layout)
+        arrays = buffers_to_host(self.buffers, self.layout)
+        for leaf, array in self.direct.items():
+            arrays[leaf] = array
+        return arrays
 
 
 def layout_for(shapes, dtypes, shardings: Sequence[Sharding]) -> PackedLayout | None:
@@ -272,18 +289,21 @@ def layout_for(shapes, dtypes, shardings: Sequence[Sharding]) -> PackedLayout | 
 def same_arrangement(a: PackedLayout, b: PackedLayout) -> bool:
     """True when buffers packed for ``a`` unpack correctly with ``b`` (same mesh shape and specs)."""
     return a is b or (a.specs == b.specs and a.shapes == b.shapes and a.dtypes == b.dtypes
-                      and dict(a.mesh.shape) == dict(b.mesh.shape))
+                      and dict(a.mesh.shape) == dict(b.mesh.shape) and a.groups == b.groups)
 
 
 def replication_overhead(layout: PackedLayout) -> float:
     """Packed bytes / unique bytes - 1: how much replicated leaves inflate the packed buffers."""
     packed = sum(len(rows) * size for rows, size in zip(layout.rows, layout.row_sizes, strict=True))
-    unique = sum(int(np.prod(shape, dtype=np.int64)) for shape in layout.shapes)
+    packed_leaves = [leaf for _, leaves in layout.groups for leaf in leaves]
+    unique = sum(int(np.prod(layout.shapes[leaf], dtype=np.int64)) for leaf in packed_leaves)
     return packed / max(unique, 1) - 1.0
 
 
 def device_to_host_packed(arrays: Sequence[jax.Array], layout: PackedLayout) -> HostPacked:
     """Device leaves (sharded as ``layout`` says) -> packed host buffers: a dispatch and a copy per wave."""
+    for leaf in layout.direct:
+        arrays[leaf].copy_to_host_async()  # large leaves stream to host while the small ones are packed
     host_buffers: list[np.ndarray | None] = [None] * len(layout.groups)
     for wave, groups in enumerate(layout.waves):
         buffers = pack_wave(arrays, layout, wave)
@@ -292,20 +312,23 @@ def device_to_host_packed(arrays: Sequence[jax.Array], layout: PackedLayout) -> 
         for group, buffer in zip(groups, buffers, strict=True):
             host_buffers[group] = np.asarray(buffer)
         del buffers  # free the wave's device copy before packing the next one
-    return HostPacked(layout, host_buffers)
+    direct = {leaf: np.asarray(jax.device_get(arrays[leaf])) for leaf in layout.direct}
+    return HostPacked(layout, host_buffers, direct)
 
 
 def host_packed_to_device(value: HostPacked, layout: PackedLayout) -> list[jax.Array]:
     """Packed host buffers -> device leaves sharded as ``layout`` says (repacks when arrangements differ)."""
     if same_arrangement(value.layout, layout):
-        buffers = value.buffers
-    else:
-        buffers = host_to_buffers(value.to_arrays(), layout)
-    return _put_and_unpack(buffers, layout)
+        return _put_and_unpack(value.buffers, value.direct, layout)
+    arrays = value.to_arrays()
+    return _put_and_unpack(host_to_buffers(arrays, layout), arrays, layout)
 
 
-def _put_and_unpack(host_buffers: Sequence[np.ndarray], layout: PackedLayout) -> list[jax.Array]:
+def _put_and_unpack(host_buffers: Sequence[np.ndarray], direct: Sequence[np.ndarray] | dict,
+                    layout: PackedLayout) -> list[jax.Array]:
     out: list = [None] * len(layout.shapes)
+    for leaf in layout.direct:
+        out[leaf] = jax.device_put(direct[leaf], layout.shardings[leaf])
     for wave, groups in enumerate(layout.waves):
         unpack_wave(_put_wave([host_buffers[g] for g in groups], layout), layout, wave, out)
     return out
@@ -329,7 +352,8 @@ def host_to_device(host_arrays: Sequence[np.ndarray], shardings: Sequence[Shardi
         if packed else None
     if layout is None:
         return [jax.device_put(a, s) for a, s in zip(host_arrays, shardings, strict=True)]
-    return with_shardings(_put_and_unpack(host_to_buffers(host_arrays, layout), layout), shardings)
+    buffers = host_to_buffers(host_arrays, layout)
+    return with_shardings(_put_and_unpack(buffers, host_arrays, layout), shardings)
 
 
 def device_to_device(arrays: Sequence[jax.Array], shardings: Sequence[Sharding], *,
@@ -357,6 +381,8 @@ def device_to_device(arrays: Sequence[jax.Array], shardings: Sequence[Sharding],
     if not same_arrangement(source, target):
         return with_shardings(host_packed_to_device(device_to_host_packed(arrays, source), target), shardings)
     out: list = [None] * len(arrays)
+    for leaf in source.direct:
+        out[leaf] = jax.device_put(arrays[leaf], target.shardings[leaf])
     for wave in range(len(source.waves)):
         unpack_wave(_put_wave(pack_wave(arrays, source, wave), target), target, wave, out)
     return with_shardings(out, shardings)

@@ -134,3 +134,23 @@ def test_small_waves_bound_each_packed_buffer_and_still_move_exactly(meshes):
     on_b_layout = packing.make_layout(meshes["b"], tuple(specs), shapes, dtypes, max_wave_bytes=64)
     assert_same(packing.host_packed_to_device(host_packed, on_b_layout), hosts,
                 [NamedSharding(meshes["b"], s) for s in specs])
+
+
+def test_large_leaves_move_directly_and_small_ones_packed(meshes):
+    hosts, specs = make_leaves([(0, np.float32), (3, np.float32), (4, np.int32), (2, jnp.bfloat16)], seed=6)
+    shapes, dtypes = tuple(h.shape for h in hosts), tuple(np.dtype(h.dtype).name for h in hosts)
+    # Local bytes on the 4 x 1 mesh: 32, 48, 4, 16; a 20-byte limit sends leaves 0 and 1 direct.
+    layout_a = packing.make_layout(meshes["a"], tuple(specs), shapes, dtypes, max_packed_leaf_bytes=20)
+    layout_b = packing.make_layout(meshes["b"], tuple(specs), shapes, dtypes, max_packed_leaf_bytes=20)
+    assert layout_a.direct == (0, 1)
+    assert sorted(leaf for _, leaves in layout_a.groups for leaf in leaves) == [2, 3]
+    on_a = [NamedSharding(meshes["a"], s) for s in specs]
+    on_b = [NamedSharding(meshes["b"], s) for s in specs]
+    device_a = packing.host_to_device(hosts, on_a)
+    host_packed = packing.device_to_host_packed(device_a, layout_a)
+    assert sorted(host_packed.direct) == [0, 1]
+    for host, back in zip(hosts, host_packed.to_arrays(), strict=True):
+        np.testing.assert_array_equal(back, host)
+    assert_same(packing.host_packed_to_device(host_packed, layout_b), hosts, on_b)
+    moved = packing.device_to_device(device_a, on_b, source_layout=layout_a, target_layout=layout_b)
+    assert_same(moved, hosts, on_b)
