@@ -1,5 +1,15 @@
 """Builds the rollout side of a run: engine instances on each agent's rollout devices, the backend the
-workflow talks to, and the weight-sync path from trainers to instances."""
+workflow talks to, and the weight-sync path from trainers to instances.
+
+With `pipeline.balancing` (flexmarl mode) the backend is hierarchical load balancing: a RequestRouter
+(per-agent queues, least-loaded dispatch, timeouts and re-queues) plus an InstanceBalancer that moves
+instances between agents; a moved instance loads its new agent's last synced weights, and later syncs
+reach it through the router. Otherwise it is the plain least-loaded EngineBackend.
+
+Balancing knobs read with defaults until the config schema has them: pipeline.balance_delta (5),
+pipeline.balance_cooldown_s (1.0), pipeline.balance_poll_s (0.02), rollout.min_instances_per_agent (1),
+rollout.request_timeout_s (0 = none), rollout.max_retries (2).
+"""
 
 from __future__ import annotations
 
@@ -12,7 +22,9 @@ import ml_collections
 
 from flexmarl_jax.metrics import Timeline
 from flexmarl_jax.rollout.backend import EngineBackend
+from flexmarl_jax.rollout.balancer import InstanceBalancer
 from flexmarl_jax.rollout.instance import EngineInstance
+from flexmarl_jax.rollout.router import RequestRouter, RoutedBackend
 from flexmarl_jax.rollout.settings import EngineConfig
 
 
@@ -42,6 +54,11 @@ class TimedInstance(EngineInstance):
                                            kind="decode", agent=self.agent)
             self._span_start = None
 
+    def reassign(self, agent: str) -> None:
+        """Serves `agent` from now on (after a migration): spans so far belong to the previous agent."""
+        self.flush_span()
+        self.agent = agent
+
     def attach(self, timeline: Timeline, agent: str) -> TimedInstance:
         self.timeline, self.agent = timeline, agent
         self._span_lock = threading.Lock()
@@ -54,7 +71,8 @@ class TimedInstance(EngineInstance):
 class RolloutHandle:
     backend: EngineBackend
     sync_weights: Callable[[str, Any, int], None]
-    instances: dict[str, list[TimedInstance]]
+    instances: dict[str, list[TimedInstance]]  # as built; with balancing, instances may serve other agents since
+    balancer: InstanceBalancer | None = None
 
     def shutdown(self) -> None:
         self.backend.close()
@@ -82,5 +100,41 @@ def build_rollout(config: ml_collections.ConfigDict, layout, trainers, tokenizer
                                             policy_version=trainer.policy_version, name=f"instance{number}")
             instances[agent].append(instance.attach(timeline, agent))
             number += 1
+    if config.pipeline.balancing and config.pipeline.mode == "flexmarl":
+        weights = {agent: (trainer.params, trainer.policy_version) for agent, trainer in trainers.items()}
+        backend, balancer = build_balanced_backend(config, instances, tokenizer, timeline, weights)
+        return RolloutHandle(backend=backend, sync_weights=backend.update_params, instances=instances,
+                             balancer=balancer)
     backend = EngineBackend(instances, tokenizer)
     return RolloutHandle(backend=backend, sync_weights=backend.update_params, instances=instances)
+
+
+def balancing_settings(config: ml_collections.ConfigDict) -> dict[str, Any]:
+    """The balancing knobs (defaults where the config does not have them yet)."""
+    timeout = float(config.rollout.get("request_timeout_s", 0.0) or 0.0)
+    return {
+        "delta": config.pipeline.get("balance_delta", 5),
+        "cooldown_s": config.pipeline.get("balance_cooldown_s", 1.0),
+        "poll_interval_s": config.pipeline.get("balance_poll_s", 0.02),
+        "min_instances_per_agent": config.rollout.get("min_instances_per_agent", 1),
+        "timeout_s": timeout if timeout > 0 else None,
+        "max_retries": config.rollout.get("max_retries", 2),
+    }
+
+
+def build_balanced_backend(config: ml_collections.ConfigDict, instances: dict[str, list[EngineInstance]], tokenizer,
+                           timeline: Timeline, weights: dict[str, tuple[Any, int]], *, start: bool = True
+                           ) -> tuple[RoutedBackend, InstanceBalancer]:
+    """Router + balancer over `instances`; `weights` are each agent's (params, version) served now."""
+    knobs = balancing_settings(config)
+
+    def relabel(instance, from_agent: str, to_agent: str) -> None:
+        if isinstance(instance, TimedInstance):
+            instance.reassign(to_agent)
+
+    router = RequestRouter(instances, timeout_s=knobs["timeout_s"], max_retries=knobs["max_retries"],
+                           initial_weights=weights, on_migrated=relabel)
+    balancer = InstanceBalancer(router, delta=knobs["delta"], cooldown_s=knobs["cooldown_s"],
+                                poll_interval_s=knobs["poll_interval_s"],
+                                min_instances_per_agent=knobs["min_instances_per_agent"], timeline=timeline)
+    return RoutedBackend(router, tokenizer, start=start, services=[balancer]), balancer
