@@ -8,6 +8,7 @@ arbitrary group ids to dense indices.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable, Hashable, Sequence
 
 import jax
@@ -55,6 +56,11 @@ def rloo_advantages(rewards: jax.Array, group_index: jax.Array, num_groups: int,
     return jnp.where(count > 1, (rewards - mean) * count / others, 0.0)
 
 
+def _bucket(n: int) -> int:
+    """Next power of two >= max(n, 8): a few compiled shapes serve every iteration size."""
+    return max(8, 1 << (max(n, 1) - 1).bit_length())
+
+
 def group_advantages(
     rewards: Sequence[float], group_ids: Sequence[Hashable], estimator: str = "grpo", eps: float = 1e-6
 ) -> np.ndarray:
@@ -66,11 +72,24 @@ def group_advantages(
     rewards = np.asarray(rewards, np.float32)
     if rewards.ndim != 1 or len(group_ids) != len(rewards):
         raise ValueError(f"rewards {rewards.shape} and group_ids ({len(group_ids)}) must be equal-length 1-D")
+    fn = ADVANTAGES.get(estimator)
     dense: dict[Hashable, int] = {}
     group_index = np.asarray([dense.setdefault(g, len(dense)) for g in group_ids], np.int32)
-    num_groups = len(dense)
-    fn = ADVANTAGES.get(estimator)
-    return np.asarray(fn(jnp.asarray(rewards), jnp.asarray(group_index, jnp.int32), num_groups, eps))
+    # Pad samples and groups to buckets; padding samples sit in their own extra group, so the
+    # statistics of the real groups are untouched.
+    num_samples, num_groups = len(rewards), len(dense)
+    padded_samples, padded_groups = _bucket(num_samples), _bucket(num_groups + 1)
+    padded_rewards = np.zeros(padded_samples, np.float32)
+    padded_rewards[:num_samples] = rewards
+    padded_index = np.full(padded_samples, num_groups, np.int32)
+    padded_index[:num_samples] = group_index
+    out = _jitted_estimator(fn)(padded_rewards, padded_index, padded_groups, eps)
+    return np.asarray(out)[:num_samples]
+
+
+@functools.cache
+def _jitted_estimator(fn: GroupEstimator):
+    return jax.jit(fn, static_argnums=(2,))
 
 
 def gae(
