@@ -103,6 +103,16 @@ class EngineInstance:
             self._incoming.append(request)
             self._cond.notify_all()
 
+    def cancel(self, request: RolloutRequest) -> bool:
+        """Withdraws a request submitted here (same object); its callbacks never run. Its slots are
+        free for the next step. Returns False when it already finished or was never here."""
+        with self._cond:
+            for index, queued in enumerate(self._incoming):
+                if queued is request:
+                    del self._incoming[index]
+                    return True
+            return self._loop.cancel(request)
+
     def load(self) -> InstanceLoad:
         with self._cond:
             loop = self._loop

@@ -225,6 +225,24 @@ class RolloutLoop:
         self._inflight.clear()
         return [w.request.on_error for w in works.values() if len(w.results) < w.request.num_samples]
 
+    def cancel(self, request: RolloutRequest) -> bool:
+        """Drops an unfinished request (matched by identity): queued samples are forgotten, decoding
+        ones free their slots at once. No callback runs. Returns False if it is unknown or done."""
+        works = [w for w in self._queue if w.request is request]
+        works += [s.work for s in self._slots if s is not None and s.work.request is request]
+        if not works:
+            return False
+        work = works[0]
+        work.cancelled = True
+        work.waiting.clear()
+        work.prefix = None
+        for slot, sequence in enumerate(self._slots):
+            if sequence is not None and sequence.work is work:
+                sequence.finish_reason = "aborted"  # results still in flight for it are ignored
+                self._slots[slot] = None
+        self._queue = collections.deque(w for w in self._queue if w is not work)
+        return True
+
     # ---------------------------------------------------------------- version control
     def set_params(self, params: Any, policy_version: int) -> None:
         """Swaps weights; only legal with no sequence decoding (no mixing of versions)."""

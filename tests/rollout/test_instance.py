@@ -132,3 +132,22 @@ def test_instance_on_a_tensor_parallel_sub_mesh_matches_full_forward(tiny_model)
     for index, prompt in enumerate(prompts):
         want = greedy_reference(tiny_model, prompt, 8, tiny_model.tokenizer.eos_id)
         assert list(results[index][0].token_ids) == want
+
+
+def test_cancel_frees_slots_and_never_calls_back(engine, tiny_model):
+    instance = EngineInstance(engine, tiny_model.params)
+    prompt = tuple(tiny_model.tokenizer.encode("cancel me"))
+    called = []
+    decoding = RolloutRequest(prompt, num_samples=6, max_new_tokens=20, on_done=called.append)
+    queued = RolloutRequest(prompt, num_samples=4, max_new_tokens=20, on_done=called.append)
+    kept = RolloutRequest(prompt, num_samples=2, max_new_tokens=5, on_done=called.append)
+    for request in (decoding, queued, kept):
+        instance.submit(request)
+    instance.step()
+    assert instance.load().active_slots == 8  # 6 of `decoding`, 2 of `queued`
+    assert instance.cancel(decoding) and instance.cancel(queued)
+    assert not instance.cancel(queued)  # already gone
+    assert instance.load().active_slots == 0 and instance.load().queued_requests == 1
+    instance.run_until_idle()
+    assert len(called) == 1 and len(called[0]) == 2  # only `kept` completed
+    assert not instance.cancel(kept)
