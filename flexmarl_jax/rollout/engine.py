@@ -239,7 +239,7 @@ class FlexEngine(engine_api.Engine):
         # one compiled insert per bucket whatever the number of samples.
         slot_vector = np.full((self.max_concurrent_decodes,), self.max_concurrent_decodes, dtype=np.int32)
         index_vector = np.zeros((self.max_concurrent_decodes,), dtype=np.int32)
-        slot_vector[: len(slots)] = slots
+        slot_vector[: len(slots)] = slots  # the used entries come first (the insert loop relies on it)
         index_vector[: len(slots)] = [int(i) for i in sample_indices]
         return self._insert_jit(prefix, decode_state, slot_vector, index_vector)
 
@@ -333,18 +333,31 @@ class FlexEngine(engine_api.Engine):
     def _insert_impl(self, prefix: Prefix, state: DecodeState, slots, sample_indices) -> DecodeState:
         bucket = prefix.cache["k"].shape[2]
 
-        def put_rows(full, row):  # full [L, slots, S, H, D], row [L, 1, bucket, H, D]
-            rows = jnp.broadcast_to(row, (row.shape[0], slots.shape[0]) + row.shape[2:])
-            return full.at[:, slots, :bucket].set(rows.astype(full.dtype), mode="drop")
+        del bucket
+        count = jnp.sum(slots < self.max_concurrent_decodes)
+
+        # The KV rows go in one slot at a time (a loop with a traced trip count): broadcasting the
+        # prefix to every target slot first would materialise [layers, slots, bucket, ...] per insert.
+        def copy_into_slot(i, carry):
+            cache, next_logits = carry
+            slot = slots[i]
+            cache = {
+                name: jax.lax.dynamic_update_slice(
+                    cache[name], prefix.cache[name].astype(cache[name].dtype), (0, slot, 0, 0, 0)
+                )
+                for name in cache
+            }
+            next_logits = jax.lax.dynamic_update_slice(next_logits, prefix.next_logits[None], (slot, 0))
+            return cache, next_logits
+
+        cache, next_logits = jax.lax.fori_loop(0, count, copy_into_slot, (state.cache, state.next_logits))
 
         def put(vector, value):
             return vector.at[slots].set(jnp.broadcast_to(value, slots.shape).astype(vector.dtype), mode="drop")
 
         return DecodeState(
-            cache={name: put_rows(state.cache[name], prefix.cache[name]) for name in state.cache},
-            next_logits=state.next_logits.at[slots].set(
-                jnp.broadcast_to(prefix.next_logits, (slots.shape[0],) + prefix.next_logits.shape), mode="drop"
-            ),
+            cache=cache,
+            next_logits=next_logits,
             positions=put(state.positions, prefix.true_length),
             generated=put(state.generated, 0),
             temperature=put(state.temperature, prefix.temperature),
