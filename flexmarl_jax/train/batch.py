@@ -46,7 +46,8 @@ class MicroBatch:
     advantages: float32 per-token advantage (GRPO broadcasts the sequence advantage over its tokens).
     behaviour_logprobs: float32 log-probs recorded by the rollout engine that generated the token.
     old_logprobs: float32 log-probs under the policy at the start of this iteration (the PPO ratio's
-        denominator; equal to ``behaviour_logprobs`` when samples are on-policy).
+        denominator; defaults to ``behaviour_logprobs``). The trainer recomputes them in its step unless
+        ``TrainerConfig.old_logprobs_in_step`` is False.
     ref_logprobs: float32 log-probs under the frozen reference model (used only when the KL is on).
     old_values, returns: float32 critic values before the update and value targets (PPO only).
     agent: name of the agent whose rows these are (static metadata, checked by the trainer).

@@ -48,6 +48,10 @@ class TrainerConfig:
     # When the KL is on, compute reference log-probs inside the step from a frozen copy of the initial
     # policy; False uses the `ref_logprobs` the micro-batch carries.
     reference_in_step: bool = True
+    # The parameters do not change inside an iteration, so they *are* the old policy: take the PPO
+    # ratio's denominator from the same forward pass (exact, no extra pass, ratio == 1). The truncated
+    # IS weight then compares it with the batch's behaviour log-probs. False uses batch.old_logprobs.
+    old_logprobs_in_step: bool = True
     # Donating params saves one parameter copy at apply time, but invalidates arrays anyone else still
     # holds (e.g. a colocated rollout engine that received `trainer.params`), so it is opt-in.
     donate_params: bool = False
@@ -155,6 +159,8 @@ class _Steps:
 
     def loss_and_metrics(self, trainable, reference, batch: MicroBatch):
         logprobs = self.token_logprobs(trainable["policy"], batch)
+        if self.config.old_logprobs_in_step:
+            batch = batch.replace(old_logprobs=jax.lax.stop_gradient(logprobs))
         if reference is not None:
             batch = batch.replace(ref_logprobs=jax.lax.stop_gradient(self.token_logprobs(reference, batch)))
         values = self.critic_values(trainable["critic"], batch) if "critic" in trainable else None

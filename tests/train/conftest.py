@@ -38,7 +38,7 @@ def tiny_model_config():
 
 MAX_LEN = 12  # prompts <= 5 + responses <= 8 tokens, minus the last target
 FULL = 32  # one micro-batch holds the whole iteration
-LOSS = LossConfig(aggregation="token_mean", kl_coef=0.05)
+LOSS = LossConfig(aggregation="token_mean", kl_coef=0.05, tis_cap=2.0)  # every term on
 # eps=1e-6: with 1e-8 the first Adam step is ~lr*sign(g), which turns summation-order noise on
 # coordinates whose gradient is ~1e-9 (k_bias has an analytically zero gradient) into O(lr) changes.
 ADAM = OptimizerConfig(name="adam", learning_rate=1e-2, eps=1e-6, max_grad_norm=None)

@@ -13,7 +13,7 @@ from flexmarl_jax.train.algorithms import loss_config_for
 from flexmarl_jax.train.batch import build_iteration
 from flexmarl_jax.train.optim import OptimizerConfig
 from flexmarl_jax.train.trainer import AgentTrainer, TrainerConfig
-from tests.train.conftest import FULL, MAX_LEN, all_zero, make_trainer, random_rows, rel_err, run_iteration
+from tests.train.conftest import FULL, LOSS, MAX_LEN, all_zero, make_trainer, random_rows, rel_err, run_iteration
 
 
 @pytest.mark.parametrize("agent,num_samples", [("solver", 29), ("verifier", 13)])
@@ -165,3 +165,22 @@ def test_ppo_critic_learns_returns(tiny_model_config, initial):
         value_losses.append(trainer.apply()["value_loss"])
     assert value_losses[0] == pytest.approx(0.5, rel=1e-3)  # zero-initialised head: 0.5 * (0 - +-1)^2
     assert value_losses[-1] < 0.5 * value_losses[0], value_losses
+
+
+def test_stale_samples_get_truncated_importance_weights_in_the_step(tiny_model_config, initial):
+    """With old log-probs taken in-step, a sample whose behaviour policy made it e^5 less likely than
+    the current policy counts tis_cap times; a fresh one counts once. (The KL term is on but has zero
+    gradient here: a fresh trainer's policy equals its reference.)"""
+    assert LOSS.tis_cap == 2.0
+    trainer = make_trainer(tiny_model_config, initial, 8)
+    batch = build_iteration(agent="solver", aggregation="token_mean", micro_batch_size=8, max_len=MAX_LEN,
+                            **random_rows(8, seed=4))[0]
+    current = trainer.logprobs(batch)
+    fresh = batch.replace(behaviour_logprobs=np.where(batch.loss_mask, current, 0).astype(np.float32))
+    stale = batch.replace(behaviour_logprobs=np.where(batch.loss_mask, current - 5, 0).astype(np.float32))
+    trainer.accumulate(fresh)
+    g_fresh = jax.device_get(trainer.accumulated_gradients())
+    trainer.discard_accumulated()
+    trainer.accumulate(stale)
+    g_stale = jax.device_get(trainer.accumulated_gradients())
+    assert rel_err(g_stale, jax.tree.map(lambda g: 2 * g, g_fresh)) < 1e-5
