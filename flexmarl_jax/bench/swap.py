@@ -120,36 +120,27 @@ def _block(tree) -> None:
 # ------------------------------------------------------------------------ 1. packed vs per-leaf
 
 
-def measure_cycle(store, params, mesh_a, mesh_b, repeats: int) -> dict[str, float]:
-    """Median seconds of swap-out (a -> host), swap-in (host -> a) and weight sync (a -> b copy)."""
+def one_cycle(store, mesh_a, mesh_b) -> dict[str, float]:
+    """Seconds of swap-out (a -> host, memory freed), swap-in (host -> a) and weight sync (a -> b copy)."""
     import jax
 
-    store.set("agent", params)
-    times: dict[str, list[float]] = {"swap_out": [], "swap_in": [], "sync": []}
-    for repeat in range(repeats + 1):  # the first cycle compiles; it is not counted
-        # (swap-in always returns to mesh_a, sync always goes a -> b, so one cycle compiles everything)
-        start = time.perf_counter()
-        store.evict("agent", "host")
-        swap_out = time.perf_counter() - start
-        start = time.perf_counter()
-        _block(store.get("agent", mesh_a, move=True))
-        swap_in = time.perf_counter() - start
-        start = time.perf_counter()
-        synced = store.get("agent", mesh_b)
-        _block(synced)
-        sync = time.perf_counter() - start
-        for leaf in jax.tree.leaves(synced):
-            leaf.delete()
-        del synced
-        if repeat:
-            times["swap_out"].append(swap_out)
-            times["swap_in"].append(swap_in)
-            times["sync"].append(sync)
-    store.delete("agent")
-    return {name: statistics.median(values) for name, values in times.items()}
+    start = time.perf_counter()
+    store.evict("agent", "host")
+    swap_out = time.perf_counter() - start
+    start = time.perf_counter()
+    _block(store.get("agent", mesh_a, move=True))
+    swap_in = time.perf_counter() - start
+    start = time.perf_counter()
+    synced = store.get("agent", mesh_b)
+    _block(synced)
+    sync = time.perf_counter() - start
+    for leaf in jax.tree.leaves(synced):
+        leaf.delete()
+    return {"swap_out": swap_out, "swap_in": swap_in, "sync": sync}
 
 
 def measure_packing(repeats: int) -> dict:
+    """Packed and per-leaf cycles interleaved (so load from other processes hits both alike); medians."""
     import jax
 
     from flexmarl_jax.models.presets import get_preset
@@ -157,11 +148,20 @@ def measure_packing(repeats: int) -> dict:
 
     config = dataclasses.replace(get_preset("tiny"), num_layers=24)
     mesh_a, mesh_b = slice_meshes(4, 2)
-    params = zero_params(config, mesh_a, "float32")
-    leaves = len(jax.tree.leaves(params))
-    per_leaf = measure_cycle(StateStore(packed=False), params, mesh_a, mesh_b, repeats)
-    params = zero_params(config, mesh_a, "float32")
-    packed = measure_cycle(StateStore(packed=True), params, mesh_a, mesh_b, repeats)
+    stores = {"packed": StateStore(packed=True), "per_leaf": StateStore(packed=False)}
+    for store in stores.values():
+        store.set("agent", zero_params(config, mesh_a, "float32"))
+    leaves = len(jax.tree.leaves(stores["packed"].get("agent")))
+    samples: dict[str, list[dict[str, float]]] = {name: [] for name in stores}
+    for repeat in range(repeats + 1):  # the first cycle compiles; it is not counted
+        order = list(stores) if repeat % 2 else list(reversed(stores))
+        for name in order:
+            cycle = one_cycle(stores[name], mesh_a, mesh_b)
+            if repeat:
+                samples[name].append(cycle)
+    medians = {name: {move: statistics.median(c[move] for c in cycles) for move in cycles[0]}
+               for name, cycles in samples.items()}
+    packed, per_leaf = medians["packed"], medians["per_leaf"]
     return {
         "packed_vs_per_leaf_ratio": sum(per_leaf.values()) / sum(packed.values()),
         "packing_model": {"config": "tiny preset, 24 layers", "leaves": leaves,
@@ -440,7 +440,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="flexmarl bench swap", description=__doc__.splitlines()[0])
     parser.add_argument("--json", metavar="PATH", help="write the result object here")
     parser.add_argument("--devices", type=int, default=8, help="fake CPU devices (if JAX is not initialised)")
-    parser.add_argument("--repeats", type=int, default=5, help="timed repetitions per measurement (median)")
+    parser.add_argument("--repeats", type=int, default=9, help="timed repetitions per measurement (median)")
     parser.add_argument("--max-params", type=float, default=6e8, help="largest model in the swap sweep")
     parser.add_argument("--storage-max-params", type=float, default=2e8,
                         help="largest model also swapped through Orbax storage")
@@ -461,7 +461,7 @@ def main(argv: list[str] | None = None) -> int:
 
     started = time.perf_counter()
     result = measure_packing(args.repeats)
-    result.update(measure_swaps(args.max_params, args.storage_max_params, max(1, args.repeats // 2)))
+    result.update(measure_swaps(args.max_params, args.storage_max_params, max(1, args.repeats // 3)))
     result.update(measure_utilization(args))
     result["seconds"] = time.perf_counter() - started
     print_tables(result)
