@@ -12,7 +12,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from flexmarl_jax.rollout.instance import EngineInstance
-from flexmarl_jax.rollout.loop import RolloutRequest, SequenceResult
+from flexmarl_jax.rollout.loop import RolloutLoop, RolloutRequest, SequenceResult
 from flexmarl_jax.rollout.router import SERVING, RequestFailed, RequestRouter, RoutedBackend
 from flexmarl_jax.workflows.generation import GenerationBackend, GenerationRequest, SamplingParams
 
@@ -233,3 +233,25 @@ def test_routed_backend_on_real_engines(engine, tiny_model):
                for f in futures for c in f.result())
     assert all(i.generated_tokens > 0 for i in instances["solver"])  # 8 x 3 samples > one instance's 8 slots
     assert router.stats["completed"] == 9 and router.pending() == 0
+
+
+@pytest.mark.timeout(60)
+def test_timeout_cancels_on_a_real_instance_and_retries_elsewhere(engine, tiny_model):
+    clock = FakeClock()
+    stuck, healthy = EngineInstance(engine, tiny_model.params, name="stuck"), \
+        EngineInstance(engine, tiny_model.params, name="healthy")
+    router = RequestRouter({"solver": [stuck, healthy]}, timeout_s=1.0, max_retries=1, clock=clock)
+    prompt = tuple(tiny_model.tokenizer.encode("7*6="))
+    future = router.submit("solver", RolloutRequest(prompt, num_samples=2, max_new_tokens=5), label="q42")
+    assert stuck.load().queued_requests == 1 and healthy.load().queued_requests == 0
+    stuck.step()  # it starts decoding, then "hangs" (nobody steps it again)
+    clock.now = 1.5
+    assert router.check_timeouts() == 1
+    assert stuck.load().active_slots == 0 and router.inflight("stuck") == 0  # cancelled: its slots are free
+    healthy.run_until_idle()
+    stuck.run_until_idle()
+    results = future.result(timeout=0)
+    reference = RolloutLoop(engine, tiny_model.params).generate([RolloutRequest(prompt, num_samples=2,
+                                                                                max_new_tokens=5)])[0]
+    assert [r.token_ids for r in results] == [r.token_ids for r in reference]  # same seeds, same samples
+    assert router.stats["timeouts"] == 1 and router.stats["retries"] == 1 and router.stats["completed"] == 1
