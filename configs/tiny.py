@@ -24,7 +24,7 @@ def get_config(variant: str | None = None) -> ml_collections.ConfigDict:
     config = ml_collections.ConfigDict()
     config.seed = 0  # one seed drives task generation, parameter init, sampling and shuffling
     config.workdir = "runs/tiny"  # metrics.jsonl, plots, checkpoints and the store live here
-    config.iterations = 30  # RL iterations (one policy update per agent each)
+    config.iterations = 100  # RL iterations (one policy update per agent each)
 
     config.agents = ml_collections.ConfigDict()  # one entry per agent, keyed by its name
     for name in AGENT_NAMES:
@@ -37,15 +37,15 @@ def get_config(variant: str | None = None) -> ml_collections.ConfigDict:
     config.workflow.task_options = ml_collections.ConfigDict()  # keyword arguments of the task's constructor
     config.workflow.task_options.max_digits = 1  # arithmetic: digits per operand
     config.workflow.task_options.operators = "+"  # arithmetic: operators to draw from
-    config.workflow.task_options.max_answer = 9  # arithmetic: redraw until the answer is at most this
+    config.workflow.task_options.max_answer = 4  # arithmetic: redraw until the answer is at most this
     # Per-agent reward shaping on top of the team reward (names depend on the workflow; chain's below).
     config.workflow.shaping_weights = ml_collections.ConfigDict()
     config.workflow.shaping_weights.solver_correct = 1.0  # chain: the solver's own answer is right
     config.workflow.shaping_weights.verifier_judgement = 0.5  # chain: the verdict matches the truth
     config.workflow.shaping_weights.corrector_fix = 0.5  # chain: a wrong answer was fixed
     config.workflow.queries_per_iteration = 16  # distinct queries rolled out per iteration
-    config.workflow.samples_per_query = 4  # trajectories per query (the GRPO group size)
-    config.workflow.warmup_steps = 0  # supervised warm-up steps before the first RL iteration
+    config.workflow.samples_per_query = 8  # trajectories per query (the GRPO group size)
+    config.workflow.warmup_steps = 150  # format-only supervised warm-up steps before the first RL iteration
 
     config.rollout = ml_collections.ConfigDict()
     config.rollout.instances_per_agent = 1  # engine instances serving each agent
@@ -55,9 +55,9 @@ def get_config(variant: str | None = None) -> ml_collections.ConfigDict:
 
     config.train = ml_collections.ConfigDict()
     config.train.algorithm = "grpo"  # grpo | drgrpo | ppo
-    config.train.learning_rate = 1e-3  # default optimizer learning rate of every agent
-    config.train.global_batch_size = 64  # samples per agent per iteration (queries x samples_per_query)
-    config.train.micro_batch_size = 16  # samples per gradient micro-batch; must divide global_batch_size
+    config.train.learning_rate = 3e-3  # default optimizer learning rate of every agent
+    config.train.global_batch_size = 128  # samples per agent per iteration (queries x samples_per_query)
+    config.train.micro_batch_size = 32  # samples per gradient micro-batch; must divide global_batch_size
     config.train.max_staleness = 0  # 0 = strict on-policy; k > 0 lets rollout run k versions ahead
 
     config.mesh = ml_collections.ConfigDict()
@@ -85,6 +85,8 @@ def get_config(variant: str | None = None) -> ml_collections.ConfigDict:
     elif variant == "smoke":  # seconds-long run for tests
         config.iterations = 2
         config.workflow.queries_per_iteration = 4
+        config.workflow.samples_per_query = 4
+        config.workflow.warmup_steps = 2
         config.train.global_batch_size = 16
         config.train.micro_batch_size = 8
     else:

@@ -13,9 +13,9 @@ def _validate(overrides, devices=8):
 
 @pytest.mark.parametrize("overrides, fragment", [
     ({"train.micro_batch_size": "-1"}, "config.train.micro_batch_size=-1 must be a positive integer"),
-    ({"train.micro_batch_size": "48"}, "micro_batch_size=48 must divide train.global_batch_size=64"),
-    ({"train.micro_batch_size": "2"}, "must be a multiple of the GRPO group size"),
-    ({"train.global_batch_size": "32"}, "must equal workflow.queries_per_iteration x"),
+    ({"train.micro_batch_size": "48"}, "micro_batch_size=48 must divide train.global_batch_size=128"),
+    ({"train.micro_batch_size": "4"}, "must be a multiple of the GRPO group size"),
+    ({"train.global_batch_size": "64"}, "must equal workflow.queries_per_iteration x"),
     ({"rollout.decode_slots": "0"}, "rollout.decode_slots=0 must be a positive integer"),
     ({"pipeline.mode": "turbo"}, "pipeline.mode='turbo' is not allowed; choose one of: serial, sync, flexmarl"),
     ({"train.algorithm": "sft"}, "train.algorithm='sft' is not allowed"),
