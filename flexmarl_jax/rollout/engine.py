@@ -53,11 +53,12 @@ GREEDY = SlotSampling()
 
 @struct.dataclass
 class Prefix:
-    """Result of one prefill: the prompt's KV cache and the logits of its next token.
+    """Result of one prefill of `rows` prompts (1 through the JetStream API): their KV caches and
+    the logits of each prompt's next token.
 
-    cache: dict(k=[layers, 1, bucket, kv_heads, head_dim], v=same).
-    next_logits: [vocab] f32. true_length: [] i32 (prompt tokens, BOS included).
-    temperature/top_p: [] f32, top_k/seed: [] i32.
+    cache: dict(k=[layers, rows, bucket, kv_heads, head_dim], v=same).
+    next_logits: [rows, vocab] f32. true_length: [rows] i32 (prompt tokens, BOS included).
+    temperature/top_p: [rows] f32, top_k/seed: [rows] i32.
     """
 
     cache: dict
@@ -205,43 +206,71 @@ class FlexEngine(engine_api.Engine):
         if existing_prefix is not None:
             raise NotImplementedError("FlexEngine does not continue from an existing prefix")
         padded_tokens = np.asarray(padded_tokens, dtype=np.int32)
-        if padded_tokens.ndim != 1 or padded_tokens.shape[0] not in self.config.prefill_buckets:
+        if padded_tokens.ndim != 1:
+            raise ValueError(f"padded_tokens shape {padded_tokens.shape} must be [bucket]")
+        return self.prefill_batch(params, padded_tokens[None], [int(true_length)], [sampling])
+
+    def prefill_batch(self, params: Any, padded_tokens, true_lengths, samplings) -> Prefix:
+        """Prefills several prompts of one bucket in one call (our extension of the API).
+
+        padded_tokens: [rows, bucket] right-padded; true_lengths: [rows]; samplings: one
+        SlotSampling (or None for the default) per row. `rows` must be one of
+        `config.prefill_batch_sizes` (pad with dummy rows), so compiles stay bounded.
+        """
+        padded_tokens = np.asarray(padded_tokens, dtype=np.int32)
+        rows = padded_tokens.shape[0] if padded_tokens.ndim == 2 else -1
+        if rows not in self.config.prefill_batch_sizes or padded_tokens.shape[1] not in self.config.prefill_buckets:
             raise ValueError(
-                f"padded_tokens shape {padded_tokens.shape} must be [bucket] with bucket in "
-                f"{self.config.prefill_buckets}"
+                f"padded_tokens shape {padded_tokens.shape} must be [rows, bucket] with rows in "
+                f"{self.config.prefill_batch_sizes} and bucket in {self.config.prefill_buckets}"
             )
-        if not 1 <= int(true_length) <= padded_tokens.shape[0]:
-            raise ValueError(f"true_length={true_length} must be in [1, {padded_tokens.shape[0]}]")
-        sampling = sampling or self.default_sampling
+        true_lengths = np.asarray(true_lengths, dtype=np.int32)
+        if true_lengths.shape != (rows,) or len(samplings) != rows:
+            raise ValueError(f"need {rows} true_lengths and samplings, got {true_lengths.shape} / {len(samplings)}")
+        if np.any(true_lengths < 1) or np.any(true_lengths > padded_tokens.shape[1]):
+            raise ValueError(f"true_lengths {true_lengths.tolist()} must be in [1, {padded_tokens.shape[1]}]")
+        samplings = [s or self.default_sampling for s in samplings]
         settings = (
-            np.float32(sampling.temperature),
-            np.int32(sampling.top_k),
-            np.float32(sampling.top_p),
-            np.int32(sampling.seed % (2**31)),
+            np.asarray([s.temperature for s in samplings], np.float32),
+            np.asarray([s.top_k for s in samplings], np.int32),
+            np.asarray([s.top_p for s in samplings], np.float32),
+            np.asarray([s.seed % (2**31) for s in samplings], np.int32),
         )
-        return self._prefill_jit(params, padded_tokens, np.int32(true_length), *settings)
+        return self._prefill_jit(params, padded_tokens, true_lengths, *settings)
 
-    def insert(self, prefix: Prefix, decode_state: DecodeState, slot: int, *, sample_index: int = 0) -> DecodeState:
-        """Puts `prefix` into `slot` (JetStream API); `sample_index` picks the sample's random stream."""
-        return self.insert_many(prefix, decode_state, [slot], [sample_index])
+    def insert(self, prefix: Prefix, decode_state: DecodeState, slot: int, *, sample_index: int = 0,
+               row: int = 0) -> DecodeState:
+        """Puts prompt `row` of `prefix` into `slot` (JetStream API); `sample_index` picks the
+        sample's random stream."""
+        return self.insert_many(prefix, decode_state, [slot], [sample_index], [row])
 
-    def insert_many(self, prefix: Prefix, decode_state: DecodeState, slots, sample_indices) -> DecodeState:
-        """Puts one prefix into several slots at once (parallel sampling shares one prefill).
+    def insert_many(self, prefix: Prefix, decode_state: DecodeState, slots, sample_indices,
+                    rows=None) -> DecodeState:
+        """Puts prefix rows into several slots at once (the n samples of a prompt share its prefill).
 
-        slots / sample_indices: equal-length int sequences; slot ids in [0, max_concurrent_decodes).
+        slots / sample_indices / rows: equal-length int sequences; slot ids distinct in
+        [0, max_concurrent_decodes); rows (default all 0) index the prefix's prompts.
         """
         slots = [int(s) for s in slots]
-        if len(slots) != len(sample_indices) or not slots:
-            raise ValueError(f"need matching non-empty slots {slots} and sample_indices {list(sample_indices)}")
+        rows = [0] * len(slots) if rows is None else [int(r) for r in rows]
+        prefix_rows = prefix.true_length.shape[0]
+        if len(slots) != len(sample_indices) or len(slots) != len(rows) or not slots:
+            raise ValueError(f"need matching non-empty slots {slots}, sample_indices {list(sample_indices)} "
+                             f"and rows {rows}")
         if len(set(slots)) != len(slots) or not all(0 <= s < self.max_concurrent_decodes for s in slots):
             raise ValueError(f"slots {slots} must be distinct and in [0, {self.max_concurrent_decodes})")
+        if not all(0 <= r < prefix_rows for r in rows):
+            raise ValueError(f"rows {rows} must be in [0, {prefix_rows})")
         # Fixed-size index vectors (unused entries point past the end and are dropped) keep
-        # one compiled insert per bucket whatever the number of samples.
-        slot_vector = np.full((self.max_concurrent_decodes,), self.max_concurrent_decodes, dtype=np.int32)
-        index_vector = np.zeros((self.max_concurrent_decodes,), dtype=np.int32)
+        # one compiled insert per (bucket, prefix rows) whatever the number of samples.
+        size = self.max_concurrent_decodes
+        slot_vector = np.full((size,), size, dtype=np.int32)
+        index_vector = np.zeros((size,), dtype=np.int32)
+        row_vector = np.zeros((size,), dtype=np.int32)
         slot_vector[: len(slots)] = slots  # the used entries come first (the insert loop relies on it)
         index_vector[: len(slots)] = [int(i) for i in sample_indices]
-        return self._insert_jit(prefix, decode_state, slot_vector, index_vector)
+        row_vector[: len(slots)] = rows
+        return self._insert_jit(prefix, decode_state, slot_vector, index_vector, row_vector)
 
     def generate(self, params: Any, decode_state: DecodeState) -> tuple[DecodeState, LogProbResultTokens]:
         """One token for every slot (inactive slots compute garbage that callers ignore)."""
@@ -281,11 +310,12 @@ class FlexEngine(engine_api.Engine):
 
     # ----------------------------------------------------------------- helpers
     def warm_up(self, params: Any) -> None:
-        """Compiles every entry point (prefill and insert per bucket, generate) ahead of traffic."""
+        """Compiles every entry point (prefill and insert per bucket and prefill batch size, generate)."""
         state = self.init_decode_state()
         for bucket in self.config.prefill_buckets:
-            prefix = self.prefill(params=params, padded_tokens=np.zeros((bucket,), np.int32), true_length=1)
-            state = self.insert(prefix, state, 0)
+            for rows in self.config.prefill_batch_sizes:
+                prefix = self.prefill_batch(params, np.zeros((rows, bucket), np.int32), [1] * rows, [None] * rows)
+                state = self.insert(prefix, state, 0)
         state, result = self.generate(params, state)
         jax.block_until_ready(result.data)
 
@@ -313,53 +343,49 @@ class FlexEngine(engine_api.Engine):
             sample_index=zeros_i32,
         )
 
-    def _prefill_impl(self, params, padded_tokens, true_length, temperature, top_k, top_p, seed) -> Prefix:
-        bucket = padded_tokens.shape[0]
-        tokens = padded_tokens[None, :]
-        mask = (jnp.arange(bucket) < true_length)[None, :]
-        cache = functional.init_cache(self.model_config, 1, bucket)
-        logits, cache = functional.prefill(self.graphdef, params, tokens, mask, cache)
-        next_logits = jax.lax.dynamic_index_in_dim(logits[0], true_length - 1, axis=0, keepdims=False)
+    def _prefill_impl(self, params, padded_tokens, true_lengths, temperature, top_k, top_p, seed) -> Prefix:
+        rows, bucket = padded_tokens.shape
+        mask = jnp.arange(bucket)[None, :] < true_lengths[:, None]
+        cache = functional.init_cache(self.model_config, rows, bucket)
+        logits, cache = functional.prefill(self.graphdef, params, padded_tokens, mask, cache)
+        next_logits = jnp.take_along_axis(logits, (true_lengths - 1)[:, None, None], axis=1)[:, 0]
         return Prefix(
             cache=cache,
             next_logits=next_logits.astype(jnp.float32),
-            true_length=true_length,
+            true_length=true_lengths,
             temperature=temperature,
             top_k=top_k,
             top_p=top_p,
             seed=seed,
         )
 
-    def _insert_impl(self, prefix: Prefix, state: DecodeState, slots, sample_indices) -> DecodeState:
-        bucket = prefix.cache["k"].shape[2]
-
-        del bucket
+    def _insert_impl(self, prefix: Prefix, state: DecodeState, slots, sample_indices, rows) -> DecodeState:
         count = jnp.sum(slots < self.max_concurrent_decodes)
 
         # The KV rows go in one slot at a time (a loop with a traced trip count): broadcasting the
         # prefix to every target slot first would materialise [layers, slots, bucket, ...] per insert.
         def copy_into_slot(i, carry):
             cache, next_logits = carry
-            slot = slots[i]
-            cache = {
-                name: jax.lax.dynamic_update_slice(
-                    cache[name], prefix.cache[name].astype(cache[name].dtype), (0, slot, 0, 0, 0)
-                )
-                for name in cache
-            }
-            next_logits = jax.lax.dynamic_update_slice(next_logits, prefix.next_logits[None], (slot, 0))
-            return cache, next_logits
+            slot, row = slots[i], rows[i]
+            new_cache = {}
+            for name, full in cache.items():
+                source = prefix.cache[name]
+                one_row = jax.lax.dynamic_slice_in_dim(source, row, 1, axis=1).astype(full.dtype)
+                new_cache[name] = jax.lax.dynamic_update_slice(full, one_row, (0, slot, 0, 0, 0))
+            logits_row = jax.lax.dynamic_slice_in_dim(prefix.next_logits, row, 1, axis=0)
+            next_logits = jax.lax.dynamic_update_slice(next_logits, logits_row, (slot, 0))
+            return new_cache, next_logits
 
         cache, next_logits = jax.lax.fori_loop(0, count, copy_into_slot, (state.cache, state.next_logits))
 
-        def put(vector, value):
-            return vector.at[slots].set(jnp.broadcast_to(value, slots.shape).astype(vector.dtype), mode="drop")
+        def put(vector, per_row):
+            return vector.at[slots].set(per_row[rows].astype(vector.dtype), mode="drop")
 
         return DecodeState(
             cache=cache,
             next_logits=next_logits,
             positions=put(state.positions, prefix.true_length),
-            generated=put(state.generated, 0),
+            generated=state.generated.at[slots].set(0, mode="drop"),
             temperature=put(state.temperature, prefix.temperature),
             top_k=put(state.top_k, prefix.top_k),
             top_p=put(state.top_p, prefix.top_p),

@@ -3,9 +3,11 @@
 Like MaxText's offline engine, it calls `prefill` / `insert` / `generate` directly
 (no JetStream Driver threads). Each `step()`:
 
-1. admits queued work into free slots: the head request is prefilled once and its
-   samples are inserted into as many free slots as there are (the prefix is kept
-   until all of its samples have a slot);
+1. admits queued work into free slots: the head request, together with queued requests
+   of the same prompt bucket (up to the largest `prefill_batch_sizes`), is prefilled in
+   one call, and each prompt's samples go into as many free slots as there are (one
+   prefill per prompt however many samples; the prefix is kept until all of a prompt's
+   samples have a slot);
 2. dispatches one `generate` for all slots;
 3. processes the *previous* step's results (one device-to-host copy), so host
    bookkeeping overlaps the device computing the current step. A slot whose sequence
@@ -104,7 +106,8 @@ class _Work:
     true_length: int
     waiting: collections.deque  # of _Sequence not yet in a slot
     results: dict  # sample_index -> SequenceResult
-    prefix: Prefix | None = None
+    prefix: Prefix | None = None  # kept while samples still wait for a slot (share_prefill)
+    prefix_row: int = 0  # this prompt's row in `prefix`
     prefix_version: int = -1
     cancelled: bool = False
 
@@ -279,29 +282,72 @@ class RolloutLoop:
     def _admit(self) -> None:
         free = [slot for slot, owner in enumerate(self._slots) if owner is None]
         while free and self._queue:
-            work = self._queue[0]
-            if work.cancelled or not work.waiting:
+            head = self._queue[0]
+            if head.cancelled or not head.waiting:
                 self._queue.popleft()
                 continue
-            take = min(len(free), len(work.waiting)) if self.share_prefill else 1
-            slots, free = free[:take], free[take:]
-            sequences = [work.waiting.popleft() for _ in range(take)]
-            prefix = work.prefix
-            if prefix is None or work.prefix_version != self.policy_version or not self.share_prefill:
-                prefix = self.engine.prefill(
-                    params=self.params, padded_tokens=work.padded_prompt, true_length=work.true_length,
-                    sampling=work.request.sampling,
-                )
-            self._state = self.engine.insert_many(prefix, self._state, slots, [s.sample_index for s in sequences])
-            for slot, sequence in zip(slots, sequences, strict=True):
-                sequence.slot = slot
-                sequence.policy_version = self.policy_version
-                self._slots[slot] = sequence
+            if self._has_current_prefix(head):  # the rest of a request admitted in part earlier
+                free = self._insert([head], head.prefix, [head.prefix_row], free)
+            else:
+                group = self._prefill_group(len(free))
+                rows = next(b for b in self.engine.config.prefill_batch_sizes if b >= len(group))
+                bucket = group[0].padded_prompt.shape[0]
+                padded = np.zeros((rows, bucket), np.int32)
+                lengths, samplings = [1] * rows, [None] * rows  # unused rows are dummies
+                for row, work in enumerate(group):
+                    padded[row], lengths[row] = work.padded_prompt, work.true_length
+                    samplings[row] = work.request.sampling
+                prefix = self.engine.prefill_batch(self.params, padded, lengths, samplings)
+                free = self._insert(group, prefix, list(range(len(group))), free)
+            self._queue = collections.deque(w for w in self._queue if w.waiting and not w.cancelled)
+
+    def _has_current_prefix(self, work: _Work) -> bool:
+        return self.share_prefill and work.prefix is not None and work.prefix_version == self.policy_version
+
+    def _prefill_group(self, free_slots: int) -> list[_Work]:
+        """The head request plus queued requests of its bucket, as many as one prefill call takes
+        and the free slots can start."""
+        head = self._queue[0]
+        bucket = head.padded_prompt.shape[0]
+        max_rows = self.engine.config.prefill_batch_sizes[-1]
+        group, slots_needed = [head], self._slots_wanted(head, free_slots)
+        for work in itertools.islice(self._queue, 1, None):
+            if len(group) >= max_rows or slots_needed >= free_slots:
+                break
+            if work.cancelled or not work.waiting or work.padded_prompt.shape[0] != bucket:
+                continue
+            if self._has_current_prefix(work):
+                continue
+            group.append(work)
+            slots_needed += self._slots_wanted(work, free_slots - slots_needed)
+        return group
+
+    def _slots_wanted(self, work: _Work, free_slots: int) -> int:
+        return min(free_slots, len(work.waiting)) if self.share_prefill else 1
+
+    def _insert(self, works: list[_Work], prefix: Prefix, rows: list[int], free: list[int]) -> list[int]:
+        """Starts as many waiting samples of `works` (prompt rows `rows` of `prefix`) as free slots
+        allow, in one insert; returns the slots still free."""
+        slots, indices, prefix_rows, started = [], [], [], []
+        for work, row in zip(works, rows, strict=True):
+            take = min(len(free) - len(slots), self._slots_wanted(work, len(free)))
+            for _ in range(take):
+                sequence = work.waiting.popleft()
+                slots.append(free[len(slots)])
+                indices.append(sequence.sample_index)
+                prefix_rows.append(row)
+                started.append(sequence)
             if work.waiting and self.share_prefill:
-                work.prefix, work.prefix_version = prefix, self.policy_version
+                work.prefix, work.prefix_row, work.prefix_version = prefix, row, self.policy_version
             else:
                 work.prefix = None
-                self._queue.popleft()
+        if slots:
+            self._state = self.engine.insert_many(prefix, self._state, slots, indices, prefix_rows)
+        for slot, sequence in zip(slots, started, strict=True):
+            sequence.slot = slot
+            sequence.policy_version = self.policy_version
+            self._slots[slot] = sequence
+        return free[len(slots):]
 
     def _process(self, result: Any, owners: list[_Sequence | None]) -> None:
         data = result.convert_to_numpy()

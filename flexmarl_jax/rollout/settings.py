@@ -70,6 +70,9 @@ class EngineConfig:
                             max_prefill_length); a prompt is right-padded to the next bucket.
     truncate_long_prompts:  keep the last max_prefill_length tokens of a longer prompt
                             instead of raising.
+    prefill_batch_sizes:    how many prompts of one bucket the in-process loop may prefill in
+                            one call (ascending, starting at 1); each size is one more compile
+                            per bucket. The JetStream API path always prefills one prompt.
     """
 
     max_concurrent_decodes: int = 8
@@ -77,6 +80,7 @@ class EngineConfig:
     max_decode_length: int = 64
     prefill_buckets: tuple[int, ...] | None = None
     truncate_long_prompts: bool = False
+    prefill_batch_sizes: tuple[int, ...] = (1,)
 
     def __post_init__(self) -> None:
         for name in ("max_concurrent_decodes", "max_prefill_length", "max_decode_length"):
@@ -97,6 +101,16 @@ class EngineConfig:
                 f"rollout.prefill_buckets={buckets!r} must be strictly increasing positive ints "
                 f"ending at max_prefill_length={self.max_prefill_length}"
             )
+
+        sizes = tuple(self.prefill_batch_sizes)
+        object.__setattr__(self, "prefill_batch_sizes", sizes)
+        if (
+            not sizes
+            or sizes[0] != 1
+            or any(isinstance(b, bool) or not isinstance(b, int) for b in sizes)
+            or list(sizes) != sorted(set(sizes))
+        ):
+            raise ValueError(f"rollout.prefill_batch_sizes={sizes!r} must be strictly increasing ints starting at 1")
 
     @property
     def cache_length(self) -> int:

@@ -86,24 +86,34 @@ def test_engine_token_frequencies_match_model_distribution(engine, tiny_model):
 
 def test_samples_share_one_prefill_and_are_reproducible(engine, tiny_model, monkeypatch):
     calls = []
-    original = FlexEngine.prefill
+    original = FlexEngine.prefill_batch
 
-    def counting_prefill(self, **kwargs):
-        calls.append(1)
-        return original(self, **kwargs)
+    def counting_prefill(self, params, padded_tokens, true_lengths, samplings):
+        calls.append(len(true_lengths))
+        return original(self, params, padded_tokens, true_lengths, samplings)
 
-    monkeypatch.setattr(FlexEngine, "prefill", counting_prefill)
+    monkeypatch.setattr(FlexEngine, "prefill_batch", counting_prefill)
     prompt = tuple(tiny_model.tokenizer.encode("hello"))
     request = RolloutRequest(prompt, num_samples=8, max_new_tokens=8, sampling=SlotSampling(temperature=1.0, seed=9))
     (first,) = RolloutLoop(engine, tiny_model.params).generate([request])
-    assert len(calls) == 1
+    assert calls == [1]  # 8 samples, one prefill of one prompt
     assert len({s.token_ids for s in first}) > 1  # independent random streams per sample
     # same seed, different batch mates and slots -> same tokens
     other = RolloutRequest(tuple(tiny_model.tokenizer.encode("zzz")), num_samples=3, max_new_tokens=5,
                            sampling=SlotSampling(temperature=1.0, seed=2))
+    calls.clear()
     _, again = RolloutLoop(engine, tiny_model.params).generate([other, request])
+    assert calls[0] == 4  # both prompts (same bucket) in one batched prefill, padded to 4 rows
     assert [s.token_ids for s in again] == [s.token_ids for s in first]
     np.testing.assert_allclose([s.logprobs for s in again], [s.logprobs for s in first], atol=1e-5)
+
+
+def test_prefill_sharing_off_still_serves_every_sample(engine, tiny_model):
+    prompt = tuple(tiny_model.tokenizer.encode("no sharing"))
+    request = RolloutRequest(prompt, num_samples=10, max_new_tokens=4, sampling=SlotSampling(temperature=1.0, seed=3))
+    (shared,) = RolloutLoop(engine, tiny_model.params).generate([request])
+    (separate,) = RolloutLoop(engine, tiny_model.params, share_prefill=False).generate([request])
+    assert [s.token_ids for s in separate] == [s.token_ids for s in shared]
 
 
 def test_stop_tokens_and_stop_strings_end_sequences(loop, tiny_model):
