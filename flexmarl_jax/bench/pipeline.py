@@ -1,0 +1,491 @@
+"""`flexmarl bench pipeline`: one workload through every pipeline mode, side by side (the paper's Table).
+
+The workload: the chain workflow (solver -> verifier -> corrector) on tiny models, as `flexmarl train` runs
+it, with
+- skewed agent load by nature: solver and verifier serve every trajectory, the corrector only rejections;
+- long-tailed response lengths: the generation backend is wrapped so that each call's `max_new_tokens` is
+  drawn from a bounded Pareto distribution (most calls short, a few at the length cap). The draw is seeded by
+  (seed, agent, query, turn) — not by the trajectory, so a mode that sends a query's samples as one grouped
+  request and a mode that sends them one by one draw the same lengths. Random-init tiny models rarely emit
+  EOS, so a call's length is ~ its `max_new_tokens`.
+
+Each mode in `MODES` builds its own orchestrator from the same config and seed (fresh trainers, engines and
+store), runs `--warmup-iterations` untimed iterations (compilation), then `--iterations` timed ones on the
+same problems as every other mode. Per mode: E2E seconds per iteration, generated tokens/s, device
+utilization (busy device-seconds / (devices x wall): the serial mode colocates rollout and training, so it
+holds half the devices of the disaggregated modes), the time split (rollout / train / sync / other, where
+`train` is training not hidden behind rollout) and the store time.
+
+`store_time_fraction`: the experience store is wrapped in a timing proxy (the orchestrator's only handle on
+it); the fraction is (wall time during which at least one store call was working) / E2E over the timed
+iterations of the `flexmarl` mode. A blocking claim's wait for rows is not store work: the proxy claims
+without blocking and waits itself, woken by the writes that pass through it.
+
+On a CPU host the fake devices share the same cores, so overlap between rollout and training is real in
+the code paths but competes for the same cores (see ARCHITECTURE.md): the ratios here are what this machine
+gives, not what disaggregated hardware would.
+"""
+
+from __future__ import annotations
+
+import argparse
+import concurrent.futures
+import contextlib
+import dataclasses
+import json
+import logging
+import math
+import os
+import tempfile
+import threading
+import time
+import zlib
+from collections.abc import Mapping
+from typing import Any
+
+logger = logging.getLogger(__name__)
+
+# Mode name -> config overrides (`--config.KEY=VALUE` strings). Add ablations here; the table, the JSON and
+# the ratios pick them up.
+MODES: dict[str, dict[str, str]] = {
+    "serial": {"pipeline.mode": "serial"},
+    "sync": {"pipeline.mode": "sync"},
+    "flexmarl": {"pipeline.mode": "flexmarl"},
+    "flexmarl_no_async": {"pipeline.mode": "flexmarl", "pipeline.async_micro_batches": "false"},
+}
+BASELINE_MODE = "serial"
+SYNC_MODE = "sync"
+PROPOSED_MODE = "flexmarl"
+GOALS = {"speedup_vs_serial": 3.0, "speedup_vs_sync": 1.1, "store_time_fraction": 0.03}  # issue 8's acceptance
+
+
+@dataclasses.dataclass(frozen=True)
+class Workload:
+    """What one iteration of every mode does."""
+
+    queries_per_iteration: int = 16
+    samples_per_query: int = 4
+    micro_batch_size: int = 16
+    max_response_length: int = 32  # the length cap: the longest tail call
+    tail_min_length: int = 2  # the Pareto scale: the shortest call
+    tail_alpha: float = 1.0  # Pareto shape: P(length > x) = (tail_min_length / x) ** alpha
+    reject_rate: float = 0.3  # share of trajectories whose verifier rejects: the corrector's load
+    warmup_iterations: int = 1
+    iterations: int = 2
+
+    @property
+    def global_batch_size(self) -> int:
+        return self.queries_per_iteration * self.samples_per_query
+
+
+FULL = Workload()
+QUICK = Workload(queries_per_iteration=4, samples_per_query=4, micro_batch_size=8, max_response_length=8,
+                 tail_min_length=2, warmup_iterations=1, iterations=1)
+
+
+# ------------------------------------------------------------------------------------ long tail
+
+
+def seeded_uniform(seed: int, key: str) -> float:
+    """A uniform draw in (0, 1) that is a pure function of (seed, key)."""
+    return (zlib.crc32(f"{seed}/{key}".encode()) + 0.5) / 2**32
+
+
+def long_tail_length(key: str, *, seed: int, min_length: int, max_length: int, alpha: float) -> int:
+    """A bounded-Pareto response length in [min_length, max_length], a pure function of (seed, key)."""
+    u = seeded_uniform(seed, f"length/{key}")
+    return int(min(max_length, math.floor(min_length * u ** (-1.0 / alpha))))
+
+
+def length_key(request_id: str) -> str:
+    """`agent/input_turn_trajectory` -> `agent/input_turn`: a grouped request (`_*`) and its per-trajectory
+    twins share a key."""
+    return request_id.rsplit("_", 1)[0]
+
+
+class WorkloadBackend:
+    """Wraps the run's GenerationBackend to shape the workload the same way in every mode.
+
+    - Lengths: every request's `max_new_tokens` becomes its long-tail draw (`long_tail_length`).
+    - Skew: a completion of `verdict_agent` gets a seeded verdict line ("N" with probability `reject_rate`)
+      in front of its text, so the corrector serves ~`reject_rate` of the trajectories, as behind a verifier
+      that has learnt the format. Random-init policies almost never write a parsable verdict, which would
+      leave the corrector with no load at all. Only the text the workflow parses changes; the tokens and
+      log-probs that are trained on are the model's.
+    """
+
+    def __init__(self, backend, workload: Workload, *, seed: int, verdict_agent: str | None, reject_rate: float):
+        self.backend, self.workload, self.seed = backend, workload, seed
+        self.verdict_agent, self.reject_rate = verdict_agent, reject_rate
+
+    def length_for(self, request_id: str) -> int:
+        w = self.workload
+        return long_tail_length(length_key(request_id), seed=self.seed, min_length=w.tail_min_length,
+                                max_length=w.max_response_length, alpha=w.tail_alpha)
+
+    def verdict_for(self, request_id: str, sample: int) -> str:
+        return "N" if seeded_uniform(self.seed, f"verdict/{request_id}/{sample}") < self.reject_rate else "Y"
+
+    def submit(self, request):
+        sampling = dataclasses.replace(request.sampling, max_new_tokens=self.length_for(request.request_id))
+        inner = self.backend.submit(dataclasses.replace(request, sampling=sampling))
+        if request.agent != self.verdict_agent:
+            return inner
+        outer: concurrent.futures.Future = concurrent.futures.Future()
+        outer.set_running_or_notify_cancel()
+
+        def with_verdicts(future: concurrent.futures.Future) -> None:
+            try:
+                completions = future.result()
+            except BaseException as error:  # the executor reports it with the request id
+                outer.set_exception(error)
+                return
+            outer.set_result([
+                dataclasses.replace(c, text=f"{self.verdict_for(request.request_id, i)}\n{c.text}")
+                for i, c in enumerate(completions)])
+
+        inner.add_done_callback(with_verdicts)
+        return outer
+
+
+# ------------------------------------------------------------------------------------ store timing
+
+
+class TimedStore:
+    """A proxy over an ExperienceStore recording the interval of every call that does store work.
+
+    `claim_micro_batch(timeout>0)` becomes non-blocking claims (timed) and waits for a write through this proxy
+    (not timed): waiting for rollout to produce rows is idle time, not store time. Every store call of the
+    orchestrator goes through the proxy, so no write that could make rows ready is missed.
+
+    Args:
+      clock: seconds; pass the run's `Timeline.now` so that intervals share the timeline's clock.
+    """
+
+    _WRITES = ("append_rows", "set_columns", "release", "mark_consumed", "drop_stale_rows")
+
+    def __init__(self, store, clock=time.perf_counter):
+        self._store, self._clock = store, clock
+        self._lock = threading.Lock()
+        self._changed = threading.Condition()
+        self._writes = 0  # bumped after every write; a claim that failed waits for it to move
+        self.intervals: list[tuple[float, float]] = []
+        self.calls: dict[str, list] = {}  # method -> [calls, seconds]
+
+    def _timed(self, name: str, fn, *args, **kwargs):
+        start = self._clock()
+        try:
+            return fn(*args, **kwargs)
+        finally:
+            end = self._clock()
+            with self._lock:
+                self.intervals.append((start, end))
+                counts = self.calls.setdefault(name, [0, 0.0])
+                counts[0] += 1
+                counts[1] += end - start
+
+    def __getattr__(self, name: str):
+        attribute = getattr(self._store, name)
+        if not callable(attribute) or name.startswith("_"):
+            return attribute
+
+        def call(*args, **kwargs):
+            try:
+                return self._timed(name, attribute, *args, **kwargs)
+            finally:
+                if name in self._WRITES:
+                    with self._changed:
+                        self._writes += 1
+                        self._changed.notify_all()
+
+        return call
+
+    def claim_micro_batch(self, agent: str, size: int, *, timeout: float | None = 0.0, **kwargs):
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while True:
+            with self._changed:
+                writes_seen = self._writes
+            rows = self._timed("claim_micro_batch", self._store.claim_micro_batch, agent, size, timeout=0,
+                               **kwargs)
+            if rows is not None:
+                return rows
+            remaining = None if deadline is None else deadline - time.monotonic()
+            if remaining is not None and remaining <= 0:
+                return None
+            with self._changed:
+                if self._writes == writes_seen:
+                    self._changed.wait(remaining)
+
+    def busy_seconds(self, t0: float, t1: float) -> float:
+        """Seconds of [t0, t1] during which at least one store call was working (overlaps count once)."""
+        from flexmarl_jax.metrics import union_length
+
+        with self._lock:
+            return union_length(list(self.intervals), t0, t1)
+
+    def summed_seconds(self, t0: float, t1: float) -> float:
+        """Seconds of store calls clipped to [t0, t1], summed over threads."""
+        with self._lock:
+            return sum(max(0.0, min(end, t1) - max(start, t0)) for start, end in self.intervals)
+
+
+# ------------------------------------------------------------------------------------ one mode
+
+
+def bench_config(workload: Workload, overrides: Mapping[str, str], *, seed: int, workdir: str):
+    """The embedded tiny config with the workload's sizes and one mode's overrides (validated)."""
+    from flexmarl_jax.config import apply_overrides, load_config, validate_config
+
+    config = load_config()
+    apply_overrides(config, {
+        "seed": str(seed),
+        "iterations": str(workload.warmup_iterations + workload.iterations),
+        "workflow.queries_per_iteration": str(workload.queries_per_iteration),
+        "workflow.samples_per_query": str(workload.samples_per_query),
+        "workflow.warmup_steps": "0",
+        "train.global_batch_size": str(workload.global_batch_size),
+        "train.micro_batch_size": str(workload.micro_batch_size),
+        "rollout.max_response_length": str(workload.max_response_length),
+        "store.backend": "memory",
+    })
+    apply_overrides(config, dict(overrides))
+    config.workdir = workdir
+    import jax
+
+    validate_config(config, available_devices=jax.device_count())
+    return config
+
+
+def resource_devices(config, rollout) -> dict[str, tuple]:
+    """Timeline resource -> the devices it runs on (`rollout/<instance>`, `train/<agent>`)."""
+    import jax
+
+    from flexmarl_jax.mesh.layout import layout_devices
+
+    agents = tuple(config.workflow.agents)
+    layout = layout_devices(jax.devices(), agents, instances_per_agent=config.rollout.instances_per_agent,
+                            rollout_devices_per_instance=config.mesh.rollout_devices_per_instance,
+                            train_devices_per_agent=config.mesh.train_devices_per_agent,
+                            colocate=config.pipeline.mode == "serial")
+    mapping = {}
+    for agent in agents:
+        mapping[f"train/{agent}"] = tuple(d.id for d in layout[agent].train_devices)
+        for group, instance in zip(layout[agent].rollout_groups, rollout.instances[agent], strict=True):
+            mapping[f"rollout/{instance.name}"] = tuple(d.id for d in group)
+    return mapping
+
+
+def device_utilization(timeline, devices_of: Mapping[str, tuple], t0: float, t1: float) -> float:
+    """Busy device-seconds / (devices x wall) over [t0, t1]; a device is busy while any of its resources is."""
+    from flexmarl_jax.metrics import union_length
+
+    spans: dict[int, list[tuple[float, float]]] = {}
+    for devices in devices_of.values():
+        for device in devices:
+            spans.setdefault(device, [])
+    for interval in timeline.intervals(include_open=True):
+        for device in devices_of.get(interval.resource, ()):
+            spans[device].append((interval.start, interval.end))
+    if not spans:
+        return 0.0
+    return sum(union_length(device_spans, t0, t1) for device_spans in spans.values()) / (len(spans) * (t1 - t0))
+
+
+def run_mode(name: str, overrides: Mapping[str, str], workload: Workload, *, seed: int, root: str) -> dict[str, Any]:
+    """Builds a fresh orchestrator for one mode, warms it up, times `workload.iterations` iterations."""
+    from flexmarl_jax.orchestrator.run import build_orchestrator
+
+    config = bench_config(workload, overrides, seed=seed, workdir=os.path.join(root, name))
+    built = time.perf_counter()
+    orchestrator, _trainers, store, rollout, _ = build_orchestrator(config, resume=False)
+    timeline = orchestrator.timeline
+    backend = WorkloadBackend(orchestrator.backend, workload, seed=seed, verdict_agent=config.workflow.agents[1],
+                              reject_rate=workload.reject_rate)
+    timed_store = TimedStore(store, clock=timeline.now)
+    orchestrator.backend, orchestrator.store = backend, timed_store
+    # Per-iteration checkpoints cost the same in every mode and are not part of the paper's E2E time.
+    orchestrator.on_update_applied = None
+    orchestrator.set_horizon(config.iterations)
+    devices_of = resource_devices(config, rollout)
+    iterations = []
+    try:
+        warm_start = time.perf_counter()
+        for iteration in range(workload.warmup_iterations):
+            orchestrator.run_iteration(iteration)
+        warmup_s = time.perf_counter() - warm_start
+        for iteration in range(workload.warmup_iterations, config.iterations):
+            t0 = timeline.now()
+            record = orchestrator.run_iteration(iteration)
+            t1 = timeline.now()
+            iterations.append({
+                "iteration": iteration,
+                "e2e_s": t1 - t0,
+                "generated_tokens": record["generated_tokens"],
+                "rollout_wall_s": record["rollout_wall_s"],
+                "team_accuracy": record["team_accuracy"],
+                "requests": {agent: stats["requests"] for agent, stats in record["agent"].items()},
+                "split": timeline.time_split(t0, t1),
+                "utilization": device_utilization(timeline, devices_of, t0, t1),
+                "utilization_by_group": {k: v for k, v in timeline.utilization_report(t0, t1).items()
+                                         if k != "resources"},
+                "store_busy_s": timed_store.busy_seconds(t0, t1),
+                "store_summed_s": timed_store.summed_seconds(t0, t1),
+            })
+    finally:
+        rollout.shutdown()
+        store.close()
+    e2e = sum(it["e2e_s"] for it in iterations)
+    tokens = sum(it["generated_tokens"] for it in iterations)
+    split = {key: sum(it["split"][key] for it in iterations) / len(iterations) for key in iterations[0]["split"]}
+    groups = iterations[0]["utilization_by_group"].keys()
+    return {
+        "e2e_s": e2e / len(iterations),
+        "tokens_per_s": tokens / e2e,
+        "utilization": sum(it["utilization"] * it["e2e_s"] for it in iterations) / e2e,
+        "utilization_by_group": {g: sum(it["utilization_by_group"][g] * it["e2e_s"] for it in iterations) / e2e
+                                 for g in groups},
+        "time_split_s": split,
+        "store_time_fraction": sum(it["store_busy_s"] for it in iterations) / e2e,
+        "store_calls": dict(timed_store.calls),
+        "generated_tokens_per_iteration": tokens / len(iterations),
+        "devices": len({d for devices in devices_of.values() for d in devices}),
+        "warmup_s": warmup_s,
+        "build_s": warm_start - built,
+        "iterations": iterations,
+        "overrides": dict(overrides),
+    }
+
+
+# ------------------------------------------------------------------------------------ report
+
+
+def ratio(numerator: float, denominator: float) -> float | None:
+    return numerator / denominator if denominator > 0 else None
+
+
+def summarize(modes: Mapping[str, dict[str, Any]]) -> dict[str, Any]:
+    """The JSON object: per-mode numbers plus the headline ratios of the proposed mode."""
+    result: dict[str, Any] = {"modes": {name: dict(numbers) for name, numbers in modes.items()}}
+    for numbers in result["modes"].values():
+        if BASELINE_MODE in modes:
+            numbers["speedup_vs_serial"] = ratio(modes[BASELINE_MODE]["e2e_s"], numbers["e2e_s"])
+    proposed = modes.get(PROPOSED_MODE)
+    if proposed is not None:
+        for key, baseline in (("speedup_vs_serial", BASELINE_MODE), ("speedup_vs_sync", SYNC_MODE)):
+            if baseline in modes:
+                result[key] = ratio(modes[baseline]["e2e_s"], proposed["e2e_s"])
+        result["store_time_fraction"] = proposed["store_time_fraction"]
+    result["goals"] = dict(GOALS)
+    met = {"speedup_vs_serial": lambda value, goal: value >= goal, "speedup_vs_sync": lambda value, goal: value > goal,
+           "store_time_fraction": lambda value, goal: value < goal}
+    result["goals_met"] = {key: met[key](result[key], goal) for key, goal in GOALS.items()
+                           if result.get(key) is not None}
+    return result
+
+
+def print_table(result: Mapping[str, Any], workload: Workload) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    table = Table(title=f"pipeline modes: chain workflow, {workload.queries_per_iteration} queries x "
+                        f"{workload.samples_per_query} samples, long-tailed lengths <= "
+                        f"{workload.max_response_length} tokens, {workload.iterations} timed iteration(s)")
+    for column in ("mode", "E2E s/iter", "vs serial", "tokens/s", "device util", "rollout s", "train s*",
+                   "sync s", "other s", "store frac"):
+        table.add_column(column, justify="left" if column == "mode" else "right")
+    for name, numbers in result["modes"].items():
+        split = numbers["time_split_s"]
+        speedup = numbers.get("speedup_vs_serial")
+        table.add_row(
+            name, f"{numbers['e2e_s']:.2f}", "-" if speedup is None else f"{speedup:.2f}x",
+            f"{numbers['tokens_per_s']:.1f}", f"{numbers['utilization']:.1%}",
+            *(f"{split[key]:.2f}" for key in ("rollout_s", "train_s", "sync_s", "other_s")),
+            f"{numbers['store_time_fraction']:.3f}")
+    console = Console(width=max(Console().width, 140))
+    console.print(table)
+    console.print("time split per iteration: rollout = some instance decoding; train* = training not hidden "
+                  "behind rollout; other = neither (host work, store, thread hand-offs); store frac = share of "
+                  "E2E inside store calls")
+    for key in ("speedup_vs_serial", "speedup_vs_sync", "store_time_fraction"):
+        if result.get(key) is not None:
+            console.print(f"{PROPOSED_MODE} {key}: {result[key]:.3f}")
+
+
+def _fake_devices(count: int) -> None:
+    # Takes effect only if JAX has not initialised its backends yet (as with `flexmarl bench pipeline`).
+    flags = os.environ.get("XLA_FLAGS", "")
+    if "xla_force_host_platform_device_count" not in flags:
+        os.environ["XLA_FLAGS"] = f"{flags} --xla_force_host_platform_device_count={count}".strip()
+
+
+@contextlib.contextmanager
+def compilation_cache(path: str | None):
+    """Persistent XLA compilation cache under `path` for the duration (unless one is configured already).
+
+    Modes with the same device layout compile identical programs (the key includes the devices), so every
+    mode after the first one loads them instead of compiling: the warm-ups shrink, the timed part is the same.
+    """
+    import jax
+    from jax.experimental.compilation_cache import compilation_cache as cache
+
+    if path is None or jax.config.jax_compilation_cache_dir:
+        yield
+        return
+    previous_min_time = jax.config.jax_persistent_cache_min_compile_time_secs
+    jax.config.update("jax_compilation_cache_dir", path)
+    jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.0)
+    try:
+        yield
+    finally:
+        jax.config.update("jax_compilation_cache_dir", None)
+        jax.config.update("jax_persistent_cache_min_compile_time_secs", previous_min_time)
+        cache.reset_cache()
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(prog="flexmarl bench pipeline", description=__doc__.split("\n\n")[0])
+    parser.add_argument("--json", default=None, help="write the result object here")
+    parser.add_argument("--quick", action="store_true", help="a seconds-scale workload (tests)")
+    parser.add_argument("--modes", default=",".join(MODES), help=f"comma-separated subset of {list(MODES)}")
+    parser.add_argument("--iterations", type=int, default=None, help="timed iterations per mode")
+    parser.add_argument("--queries", type=int, default=None, help="queries per iteration")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--no-compile-cache", action="store_true",
+                        help="compile every mode from scratch (no persistent XLA cache shared between modes)")
+    args = parser.parse_args(argv)
+    unknown = [m for m in args.modes.split(",") if m not in MODES]
+    if unknown:
+        parser.error(f"--modes: unknown mode(s) {unknown}; allowed: {', '.join(MODES)}")
+    if args.iterations is not None and args.iterations < 1:
+        parser.error(f"--iterations={args.iterations} must be >= 1")
+    return args
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    workload = QUICK if args.quick else FULL
+    if args.iterations is not None:
+        workload = dataclasses.replace(workload, iterations=args.iterations)
+    if args.queries is not None:
+        workload = dataclasses.replace(workload, queries_per_iteration=args.queries)
+    _fake_devices(8)
+    started = time.perf_counter()
+    modes = {}
+    with (tempfile.TemporaryDirectory(prefix="flexmarl-bench-pipeline-") as root,
+          compilation_cache(None if args.no_compile_cache else os.path.join(root, "xla-cache"))):
+        for name in args.modes.split(","):
+            mode_start = time.perf_counter()
+            modes[name] = run_mode(name, MODES[name], workload, seed=args.seed, root=root)
+            logger.info("mode %s: %.1f s (warm-up %.1f s)", name, time.perf_counter() - mode_start,
+                        modes[name]["warmup_s"])
+    result = summarize(modes)
+    result["workload"] = dataclasses.asdict(workload)
+    result["seed"] = args.seed
+    result["bench_wall_s"] = time.perf_counter() - started
+    print_table(result, workload)
+    if args.json:
+        from flexmarl_jax.metrics import to_jsonable
+
+        with open(args.json, "w") as handle:
+            json.dump(to_jsonable(result), handle, indent=1)
+    return 0
