@@ -112,7 +112,7 @@ def workload(args: argparse.Namespace, agents: list[str]) -> list[tuple[str, tup
 
 
 def run_once(fleet: Fleet, requests, args: argparse.Namespace, *, balanced: bool, pace_s: float) -> dict[str, Any]:
-    from flexmarl_jax.metrics import Timeline
+    from flexmarl_jax.metrics import REQUESTS, Timeline
     from flexmarl_jax.rollout.balancer import InstanceBalancer
     from flexmarl_jax.rollout.engine import SlotSampling
     from flexmarl_jax.rollout.loop import RolloutRequest
@@ -121,26 +121,25 @@ def run_once(fleet: Fleet, requests, args: argparse.Namespace, *, balanced: bool
     instances = fleet.instances(pace_s)
     timeline = Timeline()
     router = RequestRouter(instances, initial_weights=fleet.agent_params)
-    balancer = None
-    if balanced:
-        balancer = InstanceBalancer(router, delta=args.delta, cooldown_s=args.cooldown,
-                                    poll_interval_s=args.poll_interval, timeline=timeline)
+    # Unbalanced runs poll too (a delta nothing reaches), so both record queue lengths at the same cost.
+    balancer = InstanceBalancer(router, delta=args.delta if balanced else 10**9, cooldown_s=args.cooldown,
+                                poll_interval_s=args.poll_interval, timeline=timeline)
     everything = [i for group in instances.values() for i in group]
     for instance in everything:
         instance.start()
     try:
         start = time.perf_counter()
-        if balancer is not None:
-            balancer.start()
-        futures = [router.submit(agent, RolloutRequest(prompt, num_samples=args.samples,
-                                                       sampling=SlotSampling(temperature=1.0, seed=k),
-                                                       max_new_tokens=args.max_new_tokens, ignore_eos=True))
-                   for k, (agent, prompt) in enumerate(requests)]
+        balancer.start()
+        futures = []
+        for k, (agent, prompt) in enumerate(requests):
+            timeline.increment(REQUESTS, agent)
+            futures.append(router.submit(agent, RolloutRequest(prompt, num_samples=args.samples,
+                                                               sampling=SlotSampling(temperature=1.0, seed=k),
+                                                               max_new_tokens=args.max_new_tokens, ignore_eos=True)))
         done, not_done = concurrent.futures.wait(futures, timeout=args.run_timeout)
         elapsed = time.perf_counter() - start
     finally:
-        if balancer is not None:
-            balancer.stop()
+        balancer.stop()
         for instance in everything:
             instance.stop()
     if not_done:
@@ -150,7 +149,7 @@ def run_once(fleet: Fleet, requests, args: argparse.Namespace, *, balanced: bool
         raise RuntimeError(f"{len(errors)} requests failed, first: {errors[0]}")
     tokens = sum(len(r.token_ids) for f in futures for r in f.result())
     return {"rollout_s": elapsed, "generated_tokens": tokens, "tokens_per_s": tokens / elapsed,
-            "migrations": len(balancer.moves) if balancer else 0,
+            "migrations": len(balancer.moves), "timeline": timeline,
             "final_instances": router.instance_counts(),
             "tokens_per_instance": {i.name: i.generated_tokens for i in everything}}
 
@@ -158,6 +157,7 @@ def run_once(fleet: Fleet, requests, args: argparse.Namespace, *, balanced: bool
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(prog="flexmarl bench balancing", description=__doc__.split("\n\n")[0])
     parser.add_argument("--json", default=None, help="write the result object here")
+    parser.add_argument("--plots", default=None, help="directory for per-agent load plots (paper Figs. 8-9 style)")
     parser.add_argument("--quick", action="store_true", help="a seconds-scale workload (tests)")
     parser.add_argument("--agents", type=int, default=4)
     parser.add_argument("--instances-per-agent", type=int, default=2)
@@ -207,6 +207,17 @@ def main(argv: list[str] | None = None) -> int:
             runs[name].append(run_once(fleet, requests, args, balanced=balanced, pace_s=pace_s))
             logger.info("%s: %.2f s", name, runs[name][-1]["rollout_s"])
     median = {name: statistics.median(r["rollout_s"] for r in results) for name, results in runs.items()}
+    plots = []
+    if args.plots:
+        from flexmarl_jax.metrics.timeline_plots import plot_load
+
+        os.makedirs(args.plots, exist_ok=True)
+        for name, results in runs.items():
+            results[-1]["timeline"].save(os.path.join(args.plots, f"timeline_{name}.json"))
+            plots += [str(p) for p in plot_load(results[-1]["timeline"], args.plots, filename=f"load_{name}.png")]
+    for results in runs.values():
+        for run in results:
+            del run["timeline"]
     result = {
         "rollout_s_unbalanced": median["unbalanced"],
         "rollout_s_balanced": median["balanced"],
@@ -221,6 +232,7 @@ def main(argv: list[str] | None = None) -> int:
         "devices": len(fleet.engines),
         "cpu_count": os.cpu_count(),
         "setup_s": setup_s,
+        "plots": plots,
     }
     table = Table(title=f"skewed rollout ({share:.0%} of {args.requests} requests to one of {args.agents} agents, "
                         f"{args.instances_per_agent} instances each)")

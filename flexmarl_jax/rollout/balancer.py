@@ -136,11 +136,12 @@ class InstanceBalancer:
         return started
 
     def record_gauges(self) -> None:
-        """Queue length and instances per agent, on the timeline when they changed since the last poll."""
+        """Queue length and instances serving each agent (an instance in transit counts for neither side),
+        on the timeline when they changed since the last poll."""
         if self.timeline is None:
             return
-        for series, values in ((QUEUE_LENGTH, self.router.queue_lengths()),
-                               (INSTANCES, self.router.instance_counts())):
+        serving = {agent: len(self.router.instances_of(agent)) for agent in self.router.agents}
+        for series, values in ((QUEUE_LENGTH, self.router.queue_lengths()), (INSTANCES, serving)):
             for agent, value in values.items():
                 if self._last_recorded.get((series, agent)) != value:
                     self._last_recorded[(series, agent)] = value
