@@ -52,7 +52,9 @@ MODES: dict[str, dict[str, str]] = {
     "sync": {"pipeline.mode": "sync"},
     "flexmarl": {"pipeline.mode": "flexmarl"},
     "flexmarl_no_async": {"pipeline.mode": "flexmarl", "pipeline.async_micro_batches": "false"},
+    "flexmarl_no_balancing": {"pipeline.mode": "flexmarl", "pipeline.balancing": "false"},
 }
+NO_BALANCING_MODE = "flexmarl_no_balancing"
 BASELINE_MODE = "serial"
 SYNC_MODE = "sync"
 PROPOSED_MODE = "flexmarl"
@@ -345,6 +347,7 @@ def run_mode(name: str, overrides: Mapping[str, str], workload: Workload, *, see
         "utilization_by_group": {g: sum(it["utilization_by_group"][g] * it["e2e_s"] for it in iterations) / e2e
                                  for g in groups},
         "time_split_s": split,
+        "rollout_wall_s": sum(it["rollout_wall_s"] for it in iterations) / len(iterations),
         "store_time_fraction": sum(it["store_busy_s"] for it in iterations) / e2e,
         "store_calls": dict(timed_store.calls),
         "generated_tokens_per_iteration": tokens / len(iterations),
@@ -375,6 +378,10 @@ def summarize(modes: Mapping[str, dict[str, Any]]) -> dict[str, Any]:
             if baseline in modes:
                 result[key] = ratio(modes[baseline]["e2e_s"], proposed["e2e_s"])
         result["store_time_fraction"] = proposed["store_time_fraction"]
+        unbalanced = modes.get(NO_BALANCING_MODE)
+        if unbalanced is not None and "rollout_wall_s" in proposed and "rollout_wall_s" in unbalanced:
+            # rollout time without balancing / with (issue 9)
+            result["rollout_speedup_from_balancing"] = ratio(unbalanced["rollout_wall_s"], proposed["rollout_wall_s"])
     result["goals"] = dict(GOALS)
     met = {"speedup_vs_serial": lambda value, goal: value >= goal, "speedup_vs_sync": lambda value, goal: value > goal,
            "store_time_fraction": lambda value, goal: value < goal}
@@ -406,7 +413,7 @@ def print_table(result: Mapping[str, Any], workload: Workload) -> None:
     console.print("time split per iteration: rollout = some instance decoding; train* = training not hidden "
                   "behind rollout; other = neither (host work, store, thread hand-offs); store frac = share of "
                   "E2E inside store calls")
-    for key in ("speedup_vs_serial", "speedup_vs_sync", "store_time_fraction"):
+    for key in ("speedup_vs_serial", "speedup_vs_sync", "store_time_fraction", "rollout_speedup_from_balancing"):
         if result.get(key) is not None:
             console.print(f"{PROPOSED_MODE} {key}: {result[key]:.3f}")
 
@@ -452,6 +459,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--no-compile-cache", action="store_true",
                         help="compile every mode from scratch (no persistent XLA cache shared between modes)")
+    parser.add_argument("--instances-per-agent", type=int, default=None,
+                        help="rollout instances per agent in every mode (more gives balancing something to move)")
     args = parser.parse_args(argv)
     unknown = [m for m in args.modes.split(",") if m not in MODES]
     if unknown:
@@ -468,14 +477,23 @@ def main(argv: list[str] | None = None) -> int:
         workload = dataclasses.replace(workload, iterations=args.iterations)
     if args.queries is not None:
         workload = dataclasses.replace(workload, queries_per_iteration=args.queries)
-    _fake_devices(8)
+    overrides, devices = {}, 8
+    if args.instances_per_agent is not None:
+        from flexmarl_jax.config import load_config
+
+        config = load_config()
+        overrides = {"rollout.instances_per_agent": str(args.instances_per_agent)}
+        per_agent = (args.instances_per_agent * config.mesh.rollout_devices_per_instance
+                     + config.mesh.train_devices_per_agent)
+        devices = max(devices, len(config.workflow.agents) * per_agent)
+    _fake_devices(devices)
     started = time.perf_counter()
     modes = {}
     with (tempfile.TemporaryDirectory(prefix="flexmarl-bench-pipeline-") as root,
           compilation_cache(None if args.no_compile_cache else os.path.join(root, "xla-cache"))):
         for name in args.modes.split(","):
             mode_start = time.perf_counter()
-            modes[name] = run_mode(name, MODES[name], workload, seed=args.seed, root=root)
+            modes[name] = run_mode(name, {**MODES[name], **overrides}, workload, seed=args.seed, root=root)
             logger.info("mode %s: %.1f s (warm-up %.1f s)", name, time.perf_counter() - mode_start,
                         modes[name]["warmup_s"])
     result = summarize(modes)
