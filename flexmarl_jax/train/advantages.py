@@ -18,6 +18,8 @@ import numpy as np
 from flexmarl_jax.train.registry import Registry
 
 GroupEstimator = Callable[..., jax.Array]
+# A group std below this (relative to the reward scale) is float32 rounding of equal rewards.
+_EQUAL_REWARDS_RTOL = 1e-5
 ADVANTAGES: Registry[GroupEstimator] = Registry("advantage estimator")
 
 
@@ -34,9 +36,14 @@ def _group_stats(rewards: jax.Array, group_index: jax.Array, num_groups: int):
 
 @ADVANTAGES.register("grpo")
 def grpo_advantages(rewards: jax.Array, group_index: jax.Array, num_groups: int, eps: float = 1e-6):
-    """(r - group mean) / (group std + eps); ``[num_samples]`` -> ``[num_samples]``."""
+    """(r - group mean) / (group std + eps); ``[num_samples]`` -> ``[num_samples]``.
+
+    A group whose rewards are equal (up to float32 rounding of the mean) gets exactly 0: dividing
+    rounding noise by a near-zero std would otherwise invent a signal.
+    """
     _, mean, std = _group_stats(rewards, group_index, num_groups)
-    return (rewards - mean) / (std + eps)
+    has_spread = std > _EQUAL_REWARDS_RTOL * (1.0 + jnp.abs(mean))
+    return jnp.where(has_spread, (rewards - mean) / (std + eps), 0.0)
 
 
 @ADVANTAGES.register("drgrpo")

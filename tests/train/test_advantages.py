@@ -75,3 +75,11 @@ def test_whiten_has_zero_mean_unit_std_on_mask():
     w = np.asarray(whiten(x, mask))[np.asarray(mask)]
     assert abs(w.mean()) < 1e-5 and abs(w.std() - 1) < 1e-3
     assert np.all(np.asarray(whiten(x, mask))[~np.asarray(mask)] == 0)
+
+
+@pytest.mark.parametrize("value", [1.6768610039025296, 0.1, -3.3, 1e3])
+def test_equal_rewards_give_exactly_zero_advantage(value):
+    rewards, groups = [value] * 3 + [0.0, 1.0], [0, 0, 0, 1, 1]
+    assert np.all(group_advantages(rewards, groups, "grpo")[:3] == 0)
+    # Dr.GRPO does not divide by the std, so only the rounding of the mean remains
+    assert np.all(np.abs(group_advantages(rewards, groups, "drgrpo")[:3]) < 1e-6 * (1 + abs(value)))
