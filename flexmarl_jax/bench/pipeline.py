@@ -461,7 +461,12 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                         help="compile every mode from scratch (no persistent XLA cache shared between modes)")
     parser.add_argument("--instances-per-agent", type=int, default=None,
                         help="rollout instances per agent in every mode (more gives balancing something to move)")
+    parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                        help="extra config override for every mode, e.g. --set rollout.decode_slots=4 (repeatable)")
     args = parser.parse_args(argv)
+    bad = [item for item in args.set if "=" not in item]
+    if bad:
+        parser.error(f"--set {bad[0]!r}: expected KEY=VALUE")
     unknown = [m for m in args.modes.split(",") if m not in MODES]
     if unknown:
         parser.error(f"--modes: unknown mode(s) {unknown}; allowed: {', '.join(MODES)}")
@@ -477,12 +482,12 @@ def main(argv: list[str] | None = None) -> int:
         workload = dataclasses.replace(workload, iterations=args.iterations)
     if args.queries is not None:
         workload = dataclasses.replace(workload, queries_per_iteration=args.queries)
-    overrides, devices = {}, 8
+    overrides, devices = dict(item.split("=", 1) for item in args.set), 8
     if args.instances_per_agent is not None:
         from flexmarl_jax.config import load_config
 
         config = load_config()
-        overrides = {"rollout.instances_per_agent": str(args.instances_per_agent)}
+        overrides["rollout.instances_per_agent"] = str(args.instances_per_agent)
         per_agent = (args.instances_per_agent * config.mesh.rollout_devices_per_instance
                      + config.mesh.train_devices_per_agent)
         devices = max(devices, len(config.workflow.agents) * per_agent)
