@@ -1,5 +1,6 @@
 """Agent-centric allocation: 4 agents on 2 slices train exactly like 4 agents on 4 slices."""
 
+import gc
 import threading
 
 import jax
@@ -130,6 +131,7 @@ def test_four_agents_on_two_slices_match_four_agents_on_four_slices(tmp_path):
 
 
 def live_bytes_on(devices) -> int:
+    gc.collect()  # arrays dropped by earlier tests must not be counted (or vanish mid-test)
     return sum(a.nbytes for a in jax.live_arrays() if not a.is_deleted() and a.devices() & devices)
 
 

@@ -1,5 +1,7 @@
 """StateStore: one tier at a time, exact values from every tier onto any mesh, freed device memory."""
 
+import gc
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -39,6 +41,7 @@ def assert_equal_trees(a, b):
 
 def live_bytes_on(mesh) -> int:
     """Bytes of live (not deleted) jax.Arrays that have a shard on any device of ``mesh``."""
+    gc.collect()  # arrays dropped by earlier tests must not be counted (or vanish mid-test)
     devices = set(mesh.devices.flat)
     return sum(a.nbytes for a in jax.live_arrays() if not a.is_deleted() and a.devices() & devices)
 
