@@ -5,13 +5,14 @@ carries its KV cache row, the logits for its *next* token, the position that tok
 will occupy, how many tokens it has generated, its sampling settings and its own PRNG
 key. `prefill` runs the prompt once and keeps the last prompt position's logits;
 `insert` copies that prefix into one or more slots (the n samples of one prompt share
-one prefill); `generate` samples one token per slot from the stored logits, records
-its behaviour log-prob, and runs one decode step so the slot holds the logits for the
+one prefill; `prefill_batch` prefills several same-bucket prompts in one call);
+`generate` samples one token per slot from the stored logits, records its behaviour
+log-prob, and runs one decode step so the slot holds the logits for the
 token after it. So the first `generate` after `insert` emits the first new token,
 exactly as JetStream's Driver expects.
 
-Compiles stay bounded: prefill and insert compile once per prompt-length bucket,
-generate compiles once. Sampling settings, seeds and slot indices are traced values.
+Compiles stay bounded: prefill and insert compile once per (prompt-length bucket,
+prefill batch size), generate compiles once. Sampling settings, seeds and slot indices are traced values.
 Per-slot randomness is `fold_in(key(seed, sample_index), tokens_generated)`, so a
 sequence's tokens do not depend on which slot it landed in or who else is decoding.
 """
@@ -169,7 +170,7 @@ class FlexEngine(engine_api.Engine):
         self._params = params
         self.default_sampling = default_sampling
         self._replicated = NamedSharding(self._mesh, PartitionSpec())
-        self._prefill_jit = jax.jit(self._prefill_impl, static_argnames=())
+        self._prefill_jit = jax.jit(self._prefill_impl)
         # Donating the decode state lets XLA update the KV cache in place.
         self._insert_jit = jax.jit(self._insert_impl, donate_argnums=(1,))
         self._generate_jit = jax.jit(self._generate_impl, donate_argnums=(1,))
