@@ -42,16 +42,29 @@ def loss(params, x, y):
 
 
 @jax.jit
-def accumulate(state, x, y):
-    grads = jax.grad(loss)(state["params"], x, y)
-    return dict(state, accum=jax.tree.map(jnp.add, state["accum"], grads))
+def _accumulate(arrays, x, y):
+    grads = jax.grad(loss)(arrays["params"], x, y)
+    return dict(arrays, accum=jax.tree.map(jnp.add, arrays["accum"], grads))
 
 
 @jax.jit
+def _apply(arrays):
+    updates, opt_state = OPTIMIZER.update(arrays["accum"], arrays["opt_state"], arrays["params"])
+    return dict(arrays, params=optax.apply_updates(arrays["params"], updates), opt_state=opt_state,
+                accum=jax.tree.map(jnp.zeros_like, arrays["accum"]))
+
+
+def _arrays(state):
+    return {k: v for k, v in state.items() if k != "policy_version"}
+
+
+def accumulate(state, x, y):
+    """Adds one micro-batch's gradient; ``policy_version`` stays a Python int (a non-array leaf)."""
+    return dict(_accumulate(_arrays(state), x, y), policy_version=state["policy_version"])
+
+
 def apply(state):
-    updates, opt_state = OPTIMIZER.update(state["accum"], state["opt_state"], state["params"])
-    return dict(state, params=optax.apply_updates(state["params"], updates), opt_state=opt_state,
-                accum=jax.tree.map(jnp.zeros_like, state["accum"]))
+    return dict(_apply(_arrays(state)), policy_version=state["policy_version"])
 
 
 def train(num_slices: int, *, iterations: int = 2, offload_tier="host", park=True, storage_root=None):
@@ -222,3 +235,63 @@ def test_pool_rejects_overlapping_slices_and_bad_splits():
         TrainingSlicePool.from_devices(devices, 3)
     with pytest.raises(ValueError, match="offload_tier='disk'"):
         TrainerResidency(StateStore(), TrainingSlicePool.from_devices(devices, 2), offload_tier="disk")
+
+
+@pytest.mark.timeout(120)
+def test_agent_trainer_state_moves_between_slices_at_iteration_boundaries():
+    """The integration with train.AgentTrainer: one trainer per (agent, slice); state moves between them.
+
+    AgentTrainer exposes its state only at iteration boundaries (checkpoint_state refuses while gradients
+    are pending), so this swaps between iterations; swapping between micro-batches needs the gradient
+    accumulator in the exported state too.
+    """
+    import dataclasses
+
+    from flexmarl_jax.models import functional
+    from flexmarl_jax.models.presets import get_preset
+    from tests.train.conftest import make_trainer, random_rows, rel_err, run_iteration
+
+    micro = 8
+    config = dataclasses.replace(get_preset("tiny"), num_layers=1)
+    initial = functional.init_params(config, seed=0)
+    pool = TrainingSlicePool.from_devices(jax.devices()[:4], 2)  # 2 x 2 devices: keeps compiles short
+    trainers = {}
+
+    def trainer_on(agent, mesh):
+        if (agent, mesh) not in trainers:
+            trainers[agent, mesh] = make_trainer(config, initial, micro, agent=agent, mesh=mesh)
+        return trainers[agent, mesh]
+
+    residency = TrainerResidency(
+        StateStore(), pool, offload_tier="host", park_on_release=False,
+        target_for=lambda agent, mesh: {"trainer": trainer_on(agent, mesh).checkpoint_shardings(),
+                                        "policy_version": None})
+    start = trainer_on("solver", pool.slices[1].mesh)
+    residency.register("solver", {"trainer": start.checkpoint_state(), "policy_version": 0})
+    rows = [random_rows(16, seed=21), random_rows(16, seed=22)]
+
+    def train_one_iteration(active, iteration):
+        trainer = trainer_on("solver", active.mesh)
+        trainer.load_checkpoint_state(active.state["trainer"], active.state["policy_version"])
+        run_iteration(trainer, rows[iteration], micro)
+        trainer.apply()
+        active.state = {"trainer": trainer.checkpoint_state(), "policy_version": trainer.policy_version}
+
+    pool.acquire("blocker")  # slice 0
+    with residency.session("solver") as active:
+        assert active.slice.index == 1
+        train_one_iteration(active, 0)
+    pool.release("blocker")  # slice 0 released after slice 1: slice 1 is now the least recently used
+    pool.acquire("other")  # takes slice 1, so the solver resumes on slice 0 from host
+    with residency.session("solver") as active:
+        assert active.slice.index == 0 and active.moved_from == "host"
+        train_one_iteration(active, 1)
+
+    uninterrupted = make_trainer(config, initial, micro, mesh=pool.slices[0].mesh)
+    for iteration in range(2):
+        run_iteration(uninterrupted, rows[iteration], micro)
+        uninterrupted.apply()
+    resumed = residency.read("solver")
+    assert resumed["policy_version"] == 2
+    assert rel_err(resumed["trainer"]["trainable"], uninterrupted.checkpoint_state()["trainable"]) < 1e-6
+    assert rel_err(resumed["trainer"]["opt_state"], uninterrupted.checkpoint_state()["opt_state"]) < 1e-6
