@@ -16,12 +16,22 @@ Mesh over a disjoint device subset) shared by any number of agents:
 accounts busy intervals per slice; `TrainerResidency` moves the state through the `StateStore`. Both are
 generic over "a pytree of state per agent"; nothing here knows about models or losses.
 
-Integration with `train.AgentTrainer`: a trainer's jitted steps are bound to one mesh, so the orchestrator
-keeps one trainer per (agent, slice) it has used, and moves the *state* between them:
-``state = trainer_on_old_slice.<export>()`` -> ``residency.deactivate(agent, state)`` ... ``active =
-residency.activate(agent)`` -> ``trainer_on(active.slice).<import>(active.state)``. The state must include
-the fp32 gradient accumulator and the pending micro-batch count, because an agent is suspended between
-micro-batches of an iteration (``checkpoint_state`` covers only iteration boundaries).
+Integration with `train.AgentTrainer` (tested in tests/orchestrator/test_allocation.py): a trainer's
+jitted steps are bound to one mesh, so the orchestrator keeps one trainer per (agent, slice) it has used
+and moves the *state* between them:
+
+    residency = TrainerResidency(store, pool, target_for=lambda agent, mesh: {
+        "trainer": trainer_on(agent, mesh).checkpoint_shardings(), "policy_version": None})
+    residency.register(agent, {"trainer": trainer.checkpoint_state(), "policy_version": 0})
+    with residency.session(agent) as active:
+        t = trainer_on(agent, active.mesh)
+        t.load_checkpoint_state(active.state["trainer"], active.state["policy_version"])
+        ... t.accumulate(micro_batch) ... t.apply()
+        active.state = {"trainer": t.checkpoint_state(), "policy_version": t.policy_version}
+
+`checkpoint_state` covers iteration boundaries only (it refuses while gradients are pending). Suspending
+an agent between micro-batches of an iteration needs the fp32 gradient accumulator and the pending
+micro-batch count in the exported state as well (an AgentTrainer method to add).
 """
 
 from __future__ import annotations

@@ -12,7 +12,8 @@ A value lives in exactly one tier at a time ("device", "host" or "storage"). ``g
 the requested devices and leaves it where it is; ``get(..., move=True)`` makes the returned device
 copy the stored value (swap-in). ``set`` hands the arrays to the store: evicting or deleting the key
 frees them (``jax.Array.delete``), so arrays obtained earlier from the store for that key must not be
-used afterwards (that is what guarantees device memory really is released).
+used afterwards (that is what guarantees device memory really is released). Arrays that another key
+of the same store also holds are not freed.
 
 Targets for ``get``: a single ``Sharding`` for every leaf, a ``Mesh`` (every leaf keeps the
 PartitionSpec it last had on a device, or is replicated if it never was on one), or a pytree of
@@ -333,7 +334,10 @@ class StateStore:
         logger.debug("stored %r at %s", key, directory)
 
     def _free_device(self, entry: _Entry, keep: Sequence[jax.Array] = ()) -> None:
+        # Arrays another key also holds (e.g. "weights/solver" set from the trainer's params) stay alive.
         kept = {id(a) for a in keep}
+        kept.update(id(a) for other in self._entries.values() if other is not entry
+                    for a in other.device_leaves or ())
         for array in entry.device_leaves or ():
             if id(array) not in kept and not array.is_deleted():
                 array.delete()

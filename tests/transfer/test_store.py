@@ -204,3 +204,15 @@ def test_mesh_target_keeps_size_one_axes_of_the_spec(meshes):
     assert moved["w"].sharding.is_equivalent_to(NamedSharding(meshes["c"], P("tp", "fsdp")), 2)
     assert moved["w"].addressable_shards[0].data.shape == (4, 4)
     np.testing.assert_array_equal(np.asarray(moved["w"]), value)
+
+
+def test_arrays_shared_with_another_key_survive_its_eviction(meshes):
+    store = StateStore()
+    state = make_state(meshes["a"])
+    expected = host_copy(state["params"])
+    store.set("trainer/solver", state)
+    store.set("weights/solver", state["params"])  # the same arrays under a second key (weight sync)
+    store.evict("trainer/solver", "host")
+    assert not state["params"]["w"].is_deleted() and state["opt"]["count"].is_deleted()
+    assert_equal_trees(store.get("weights/solver", meshes["b"]), expected)
+    assert_equal_trees(store.get("trainer/solver")["params"], expected)
