@@ -24,7 +24,7 @@ from flexmarl_jax.orchestrator.rollout_setup import build_rollout
 from flexmarl_jax.orchestrator.warmup import run_warmup, warmup_examples
 from flexmarl_jax.store import ExperienceStore
 from flexmarl_jax.train.algorithms import loss_config_for
-from flexmarl_jax.train.checkpoint import restore_all, save_all
+from flexmarl_jax.train.checkpoint import restore_trainer, save_all
 from flexmarl_jax.train.optim import OptimizerConfig
 from flexmarl_jax.train.trainer import AgentTrainer, TrainerConfig
 from flexmarl_jax.workflows import SamplingParams, build_workflow_for_agents, resolve_task
@@ -74,10 +74,14 @@ def build_orchestrator(config: ml_collections.ConfigDict, *, timeline: metrics.T
     task = resolve_task(config.workflow.task, **config.workflow.task_options.to_dict())
     checkpoint_root = os.path.join(config.workdir, CHECKPOINT_DIR)
     start = 0
-    if resume and os.path.isdir(checkpoint_root):
-        versions = restore_all(trainers, checkpoint_root)
-        start = min(versions.values())
-        logger.info("resumed from %s at policy versions %s", checkpoint_root, versions)
+    common = _common_checkpoint_version(checkpoint_root, agents) if resume else None
+    if common is not None:
+        # Agents are saved one after another; a run killed in between leaves some agents one version
+        # ahead. Restore every agent at the newest version that all of them completed.
+        for agent, trainer in trainers.items():
+            restore_trainer(trainer, os.path.join(checkpoint_root, agent), policy_version=common)
+        start = common
+        logger.info("resumed from %s at policy version %d", checkpoint_root, common)
     elif config.workflow.warmup_steps > 0:
         examples = warmup_examples(workflow, task, queries=256, samples_per_query=1, accuracy=0.2,
                                    seed=config.seed)
@@ -99,6 +103,21 @@ def build_orchestrator(config: ml_collections.ConfigDict, *, timeline: metrics.T
         aggregation=loss.aggregation, estimator=loss.advantage_estimator, timeline=timeline,
         on_update_applied=lambda iteration: save_all(trainers, checkpoint_root, max_to_keep=2))
     return orchestrator, trainers, store, rollout, start
+
+
+def _common_checkpoint_version(root: str, agents) -> int | None:
+    """The newest policy version with a finished checkpoint for every agent (None: nothing to resume)."""
+    import orbax.checkpoint as ocp
+
+    common = None
+    for agent in agents:
+        directory = os.path.abspath(os.path.join(root, agent))
+        if not os.path.isdir(directory):
+            return None
+        with ocp.CheckpointManager(directory) as manager:
+            steps = set(manager.all_steps())
+        common = steps if common is None else common & steps
+    return max(common) if common else None
 
 
 def _begin_attempt(orchestrator: JointOrchestrator, workdir: str, iteration: int) -> None:
