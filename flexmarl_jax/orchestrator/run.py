@@ -106,18 +106,27 @@ def build_orchestrator(config: ml_collections.ConfigDict, *, timeline: metrics.T
 
 
 def _common_checkpoint_version(root: str, agents) -> int | None:
-    """The newest policy version with a finished checkpoint for every agent (None: nothing to resume)."""
+    """The newest policy version with a finished checkpoint for every agent (None: nothing to resume).
+    Newer checkpoints of some agents (a run killed while saving) are deleted: that iteration is redone."""
     import orbax.checkpoint as ocp
 
-    common = None
+    steps = {}
     for agent in agents:
         directory = os.path.abspath(os.path.join(root, agent))
         if not os.path.isdir(directory):
             return None
         with ocp.CheckpointManager(directory) as manager:
-            steps = set(manager.all_steps())
-        common = steps if common is None else common & steps
-    return max(common) if common else None
+            steps[agent] = set(manager.all_steps())
+    common = set.intersection(*steps.values())
+    if not common:
+        return None
+    newest = max(common)
+    for agent in agents:
+        with ocp.CheckpointManager(os.path.abspath(os.path.join(root, agent))) as manager:
+            for step in sorted(steps[agent]):
+                if step > newest:
+                    manager.delete(step)
+    return newest
 
 
 def _begin_attempt(orchestrator: JointOrchestrator, workdir: str, iteration: int) -> None:
