@@ -2,7 +2,9 @@
 
 The workload: the chain workflow (solver -> verifier -> corrector) on tiny models, as `flexmarl train` runs
 it, with
-- skewed agent load by nature: solver and verifier serve every trajectory, the corrector only rejections;
+- skewed agent load: solver and verifier serve every trajectory, the corrector only rejections; the
+  verifier's verdict is drawn (seeded, `reject_rate`) because random-init policies never write one
+  (`WorkloadBackend`), so the corrector serves ~30% of the trajectories in every mode;
 - long-tailed response lengths: the generation backend is wrapped so that each call's `max_new_tokens` is
   drawn from a bounded Pareto distribution (most calls short, a few at the length cap). The draw is seeded by
   (seed, agent, query, turn) — not by the trajectory, so a mode that sends a query's samples as one grouped
@@ -10,11 +12,14 @@ it, with
   EOS, so a call's length is ~ its `max_new_tokens`.
 
 Each mode in `MODES` builds its own orchestrator from the same config and seed (fresh trainers, engines and
-store), runs `--warmup-iterations` untimed iterations (compilation), then `--iterations` timed ones on the
-same problems as every other mode. Per mode: E2E seconds per iteration, generated tokens/s, device
-utilization (busy device-seconds / (devices x wall): the serial mode colocates rollout and training, so it
-holds half the devices of the disaggregated modes), the time split (rollout / train / sync / other, where
-`train` is training not hidden behind rollout) and the store time.
+store), runs the workload's warm-up iterations untimed (compilation; a persistent XLA cache shared by the
+modes makes that cheap for every mode after the first of a device layout), then `--iterations` timed ones on
+the same problems as every other mode. Per-iteration checkpoints are off (same cost in every mode, not part
+of the paper's E2E). Per mode: E2E seconds per iteration, generated tokens/s, device utilization (busy
+device-seconds / (devices x wall): the serial mode colocates rollout and training, so it holds half the
+devices of the disaggregated modes), the time split (rollout / train / sync / other, where `train` is
+training not hidden behind rollout), the seconds after the rollout's last call (`post_rollout_s`: what
+the asynchronous pipeline shrinks), decode steps and instance-seconds per step, and the store calls.
 
 `store_time_fraction`: the experience store is wrapped in a timing proxy (the orchestrator's only handle on
 it); the fraction is (wall time during which at least one store call was working) / E2E over the timed
@@ -172,19 +177,22 @@ class TimedStore:
         self._changed = threading.Condition()
         self._writes = 0  # bumped after every write; a claim that failed waits for it to move
         self.intervals: list[tuple[float, float]] = []
-        self.calls: dict[str, list] = {}  # method -> [calls, seconds]
+        # method -> [calls, wall seconds, CPU seconds of the calling thread]; wall >> CPU means the call
+        # waited (for the GIL, a core, the committer), not that the store worked that long.
+        self.calls: dict[str, list] = {}
 
     def _timed(self, name: str, fn, *args, **kwargs):
-        start = self._clock()
+        start, cpu_start = self._clock(), time.thread_time()
         try:
             return fn(*args, **kwargs)
         finally:
-            end = self._clock()
+            end, cpu = self._clock(), time.thread_time() - cpu_start
             with self._lock:
                 self.intervals.append((start, end))
-                counts = self.calls.setdefault(name, [0, 0.0])
+                counts = self.calls.setdefault(name, [0, 0.0, 0.0])
                 counts[0] += 1
                 counts[1] += end - start
+                counts[2] += cpu
 
     def __getattr__(self, name: str):
         attribute = getattr(self._store, name)
@@ -218,10 +226,10 @@ class TimedStore:
                 if self._writes == writes_seen:
                     self._changed.wait(remaining)
 
-    def call_totals(self) -> dict[str, tuple[int, float]]:
-        """method -> (calls, seconds) so far."""
+    def call_totals(self) -> dict[str, tuple[int, float, float]]:
+        """method -> (calls, wall seconds, CPU seconds) so far."""
         with self._lock:
-            return {name: (calls, seconds) for name, (calls, seconds) in self.calls.items()}
+            return {name: tuple(counts) for name, counts in self.calls.items()}
 
     def busy_seconds(self, t0: float, t1: float) -> float:
         """Seconds of [t0, t1] during which at least one store call was working (overlaps count once)."""
@@ -282,6 +290,17 @@ def resource_devices(config, rollout) -> dict[str, tuple]:
     return mapping
 
 
+def decode_steps(rollout) -> dict[str, int]:
+    """Instance name -> generate steps so far (the rollout loop's counter)."""
+    counts = {}
+    for instances in rollout.instances.values():
+        for instance in instances:
+            loop = getattr(instance, "_loop", None)  # no public counter on EngineInstance yet
+            if loop is not None and hasattr(loop, "steps"):
+                counts[instance.name] = int(loop.steps)
+    return counts
+
+
 def device_utilization(timeline, devices_of: Mapping[str, tuple], t0: float, t1: float) -> float:
     """Busy device-seconds / (devices x wall) over [t0, t1]; a device is busy while any of its resources is."""
     from flexmarl_jax.metrics import union_length
@@ -321,12 +340,14 @@ def run_mode(name: str, overrides: Mapping[str, str], workload: Workload, *, see
             orchestrator.run_iteration(iteration)
         warmup_s = time.perf_counter() - warm_start
         calls_before = timed_store.call_totals()
+        steps_before = decode_steps(rollout)
         for iteration in range(workload.warmup_iterations, config.iterations):
             t0 = timeline.now()
             record = orchestrator.run_iteration(iteration)
             t1 = timeline.now()
             iterations.append({
                 "iteration": iteration,
+                "start_s": t0,
                 "e2e_s": t1 - t0,
                 "generated_tokens": record["generated_tokens"],
                 "rollout_wall_s": record["rollout_wall_s"],
@@ -341,6 +362,9 @@ def run_mode(name: str, overrides: Mapping[str, str], workload: Workload, *, see
                 "store_busy_s": timed_store.busy_seconds(t0, t1),
                 "store_summed_s": timed_store.summed_seconds(t0, t1),
             })
+        steps = {name: count - steps_before.get(name, 0) for name, count in decode_steps(rollout).items()}
+        window = (iterations[0]["start_s"], iterations[-1]["start_s"] + iterations[-1]["e2e_s"])
+        instance_busy_s = sum(timeline.busy_seconds(f"rollout/{name}", *window) for name in steps)
     finally:
         rollout.shutdown()
         store.close()
@@ -358,11 +382,17 @@ def run_mode(name: str, overrides: Mapping[str, str], workload: Workload, *, see
         "rollout_wall_s": sum(it["rollout_wall_s"] for it in iterations) / len(iterations),
         "store_time_fraction": sum(it["store_busy_s"] for it in iterations) / e2e,
         "store_calls_per_iteration": {
-            method: {"calls": (calls - calls_before.get(method, (0, 0.0))[0]) / len(iterations),
-                     "seconds": (seconds - calls_before.get(method, (0, 0.0))[1]) / len(iterations)}
-            for method, (calls, seconds) in timed_store.call_totals().items()},
+            method: dict(zip(("calls", "seconds", "cpu_seconds"),
+                             ((now - before) / len(iterations)
+                              for now, before in zip(totals, calls_before.get(method, (0, 0.0, 0.0)), strict=True)),
+                             strict=True))
+            for method, totals in timed_store.call_totals().items()},
         "post_rollout_s": sum(it["post_rollout_s"] for it in iterations) / len(iterations),
         "generated_tokens_per_iteration": tokens / len(iterations),
+        # On CPU the fake devices share the cores: concurrent instances make each of these steps slower.
+        "decode_steps_per_iteration": sum(steps.values()) / len(iterations),
+        "decode_steps_per_instance": {name: count / len(iterations) for name, count in steps.items()},
+        "instance_busy_s_per_decode_step": instance_busy_s / max(1, sum(steps.values())),
         "devices": len({d for devices in devices_of.values() for d in devices}),
         "warmup_s": warmup_s,
         "build_s": warm_start - built,

@@ -114,7 +114,7 @@ def test_timed_store_counts_store_work_but_not_waiting_for_rows():
     waiter.join()
     assert claimed == [("batch", "solver", 4)]
     assert time.monotonic() - started >= 0.3  # the claim did wait for the append
-    counts = {name: calls for name, (calls, _seconds) in timed.calls.items()}
+    counts = {name: totals[0] for name, totals in timed.calls.items()}
     assert counts["append_rows"] == 1
     # Two or three claim attempts (before the append, maybe one spurious, after it), each 1.0 on the clock.
     assert counts["claim_micro_batch"] in (2, 3)
