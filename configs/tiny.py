@@ -52,6 +52,9 @@ def get_config(variant: str | None = None) -> ml_collections.ConfigDict:
     config.rollout.decode_slots = 32  # concurrent sequences per engine instance
     config.rollout.max_prompt_length = 32  # tokens; longer prompts are an error
     config.rollout.max_response_length = 8  # max new tokens per call
+    config.rollout.min_instances_per_agent = 1  # balancing never leaves an agent with fewer instances
+    config.rollout.request_timeout_s = 0.0  # cancel and re-queue a request running longer; 0 = no timeout
+    config.rollout.max_retries = 2  # re-queues of a timed-out request before it is reported failed
 
     config.train = ml_collections.ConfigDict()
     config.train.algorithm = "grpo"  # grpo | drgrpo | ppo
@@ -74,6 +77,9 @@ def get_config(variant: str | None = None) -> ml_collections.ConfigDict:
     config.pipeline.mode = "flexmarl"  # serial | sync | flexmarl (see ARCHITECTURE.md)
     config.pipeline.async_micro_batches = True  # flexmarl only: train micro-batches while rollout runs
     config.pipeline.balancing = True  # flexmarl only: hierarchical load balancing across instances
+    config.pipeline.balance_delta = 5  # move instances when max - min agent queue length exceeds this
+    config.pipeline.balance_cooldown_s = 1.0  # a moved instance stays with its new agent at least this long
+    config.pipeline.balance_poll_s = 0.02  # how often the balancer polls queue lengths
     config.pipeline.debug_invariants = False  # check consistency invariants at run time (slower)
 
     if variant in (None, ""):

@@ -27,13 +27,15 @@ SECTION_FIELDS = {
                  "queries_per_iteration": int,
                  "samples_per_query": int, "warmup_steps": int},
     "rollout": {"instances_per_agent": int, "decode_slots": int, "max_prompt_length": int,
-                "max_response_length": int},
+                "max_response_length": int, "min_instances_per_agent": int, "request_timeout_s": float,
+                "max_retries": int},
     "train": {"algorithm": str, "learning_rate": float, "global_batch_size": int, "micro_batch_size": int,
               "max_staleness": int},
     "mesh": {"fake_cpu_devices": int, "rollout_devices_per_instance": int, "train_devices_per_agent": int,
              "tp": int},
     "store": {"backend": str, "path": str},
-    "pipeline": {"mode": str, "async_micro_batches": bool, "balancing": bool, "debug_invariants": bool},
+    "pipeline": {"mode": str, "async_micro_batches": bool, "balancing": bool, "debug_invariants": bool,
+                 "balance_delta": int, "balance_cooldown_s": float, "balance_poll_s": float},
 }
 
 POSITIVE_FIELDS = (
@@ -41,6 +43,7 @@ POSITIVE_FIELDS = (
     "rollout.decode_slots", "rollout.max_prompt_length", "rollout.max_response_length",
     "train.global_batch_size", "train.micro_batch_size", "mesh.fake_cpu_devices",
     "mesh.rollout_devices_per_instance", "mesh.train_devices_per_agent", "mesh.tp",
+    "rollout.min_instances_per_agent", "pipeline.balance_delta",
 )
 
 
@@ -147,6 +150,15 @@ def validate_config(config: ml_collections.ConfigDict, *, available_devices: int
         value = _get(config, dotted)
         if value <= 0:
             raise ConfigError(f"config.{dotted}={value} must be a positive integer")
+    if config.rollout.min_instances_per_agent > config.rollout.instances_per_agent:
+        raise ConfigError(f"config.rollout.min_instances_per_agent={config.rollout.min_instances_per_agent} "
+                          f"exceeds rollout.instances_per_agent={config.rollout.instances_per_agent}: an agent "
+                          "cannot keep more instances than it starts with")
+    for dotted in ("rollout.request_timeout_s", "rollout.max_retries", "pipeline.balance_cooldown_s"):
+        if _get(config, dotted) < 0:
+            raise ConfigError(f"config.{dotted}={_get(config, dotted)} must be >= 0")
+    if not config.pipeline.balance_poll_s > 0:
+        raise ConfigError(f"config.pipeline.balance_poll_s={config.pipeline.balance_poll_s} must be > 0")
     if config.train.max_staleness < 0:
         raise ConfigError(f"config.train.max_staleness={config.train.max_staleness} must be >= 0")
     if config.workflow.warmup_steps < 0:

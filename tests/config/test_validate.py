@@ -24,6 +24,9 @@ def _validate(overrides, devices=8):
     ({"agents.solver.model": "gpt-9"}, "agents.solver.model='gpt-9' is neither a model preset"),
     ({"mesh.tp": "2"}, "mesh.tp=2 must divide mesh.train_devices_per_agent=1"),
     ({"train.max_staleness": "-2"}, "max_staleness=-2 must be >= 0"),
+    ({"pipeline.balance_delta": "0"}, "config.pipeline.balance_delta=0 must be a positive integer"),
+    ({"rollout.min_instances_per_agent": "2"}, "min_instances_per_agent=2 exceeds rollout.instances_per_agent=1"),
+    ({"rollout.max_retries": "-1"}, "config.rollout.max_retries=-1 must be >= 0"),
 ])
 def test_bad_values(overrides, fragment):
     with pytest.raises(ConfigError) as error:
