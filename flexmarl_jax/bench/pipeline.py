@@ -12,14 +12,16 @@ it, with
   EOS, so a call's length is ~ its `max_new_tokens`.
 
 Each mode in `MODES` builds its own orchestrator from the same config and seed (fresh trainers, engines and
-store), runs the workload's warm-up iterations untimed (compilation; a persistent XLA cache shared by the
-modes makes that cheap for every mode after the first of a device layout), then `--iterations` timed ones on
-the same problems as every other mode. Per-iteration checkpoints are off (same cost in every mode, not part
-of the paper's E2E). Per mode: E2E seconds per iteration, generated tokens/s, device utilization (busy
-device-seconds / (devices x wall): the serial mode colocates rollout and training, so it holds half the
-devices of the disaggregated modes), the time split (rollout / train / sync / other, where `train` is
-training not hidden behind rollout), the seconds after the rollout's last call (`post_rollout_s`: what
-the asynchronous pipeline shrinks), decode steps and instance-seconds per step, and the store calls.
+store) and runs the workload's warm-up iterations untimed (compilation; a persistent XLA cache shared by the
+modes makes that cheap for every mode after the first of a device layout). Then `--iterations` timed
+iterations on the same problems in every mode, interleaved across modes (round k runs iteration k of every
+mode) so that the shared machine's changing load does not favour one mode. Per-iteration checkpoints are
+off (same cost in every mode, not part of the paper's E2E). Per mode: E2E seconds per iteration, generated
+tokens/s, device utilization (busy device-seconds / (devices x wall): the serial mode colocates rollout and
+training, so it holds half the devices of the disaggregated modes), the time split (rollout / train / sync
+/ other, where `train` is training not hidden behind rollout), the seconds after the rollout's last call
+(`post_rollout_s`: what the asynchronous pipeline shrinks), decode steps and instance-seconds per step, and
+the store calls (wall and CPU seconds per method).
 
 `store_time_fraction`: the experience store is wrapped in a timing proxy (the orchestrator's only handle on
 it); the fraction is (wall time during which at least one store call was working) / E2E over the timed
@@ -78,7 +80,7 @@ class Workload:
     tail_alpha: float = 1.0  # Pareto shape: P(length > x) = (tail_min_length / x) ** alpha
     reject_rate: float = 0.3  # share of trajectories whose verifier rejects: the corrector's load
     warmup_iterations: int = 1
-    iterations: int = 2
+    iterations: int = 3  # timed; each iteration draws new queries, so more iterations average the tail draws
 
     @property
     def global_batch_size(self) -> int:
@@ -317,88 +319,145 @@ def device_utilization(timeline, devices_of: Mapping[str, tuple], t0: float, t1:
     return sum(union_length(device_spans, t0, t1) for device_spans in spans.values()) / (len(spans) * (t1 - t0))
 
 
-def run_mode(name: str, overrides: Mapping[str, str], workload: Workload, *, seed: int, root: str) -> dict[str, Any]:
-    """Builds a fresh orchestrator for one mode, warms it up, times `workload.iterations` iterations."""
-    from flexmarl_jax.orchestrator.run import build_orchestrator
+class ModeRun:
+    """One mode's orchestrator (fresh trainers, engines and store), built, warmed up and timed step by step,
+    so that `main` can interleave the modes' timed iterations."""
 
-    config = bench_config(workload, overrides, seed=seed, workdir=os.path.join(root, name))
-    built = time.perf_counter()
-    orchestrator, _trainers, store, rollout, _ = build_orchestrator(config, resume=False)
-    timeline = orchestrator.timeline
-    backend = WorkloadBackend(orchestrator.backend, workload, seed=seed, verdict_agent=config.workflow.agents[1],
-                              reject_rate=workload.reject_rate)
-    timed_store = TimedStore(store, clock=timeline.now)
-    orchestrator.backend, orchestrator.store = backend, timed_store
-    # Per-iteration checkpoints cost the same in every mode and are not part of the paper's E2E time.
-    orchestrator.on_update_applied = None
-    orchestrator.set_horizon(config.iterations)
-    devices_of = resource_devices(config, rollout)
-    iterations = []
+    def __init__(self, name: str, overrides: Mapping[str, str], workload: Workload, *, seed: int, root: str):
+        from flexmarl_jax.orchestrator.run import build_orchestrator
+
+        self.name, self.overrides, self.workload = name, dict(overrides), workload
+        self.config = bench_config(workload, overrides, seed=seed, workdir=os.path.join(root, name))
+        started = time.perf_counter()
+        orchestrator, _trainers, self.raw_store, self.rollout, _ = build_orchestrator(self.config, resume=False)
+        self.build_s = time.perf_counter() - started
+        self.orchestrator, self.timeline = orchestrator, orchestrator.timeline
+        self.timed_store = TimedStore(self.raw_store, clock=self.timeline.now)
+        orchestrator.backend = WorkloadBackend(orchestrator.backend, workload, seed=seed,
+                                               verdict_agent=self.config.workflow.agents[1],
+                                               reject_rate=workload.reject_rate)
+        orchestrator.store = self.timed_store
+        # Per-iteration checkpoints cost the same in every mode and are not part of the paper's E2E time.
+        orchestrator.on_update_applied = None
+        orchestrator.set_horizon(self.config.iterations)
+        self.devices_of = resource_devices(self.config, self.rollout)
+        self.iterations: list[dict[str, Any]] = []
+        self.warmup_s = 0.0
+        self._next_iteration = 0
+        self._calls_before: dict = {}
+        self._steps_before: dict = {}
+        self._steps: dict[str, int] = {}
+        self._closed = False
+
+    def warm_up(self) -> None:
+        started = time.perf_counter()
+        for _ in range(self.workload.warmup_iterations):
+            self.orchestrator.run_iteration(self._next_iteration)
+            self._next_iteration += 1
+        self.warmup_s = time.perf_counter() - started
+        self._calls_before = self.timed_store.call_totals()
+        self._steps_before = decode_steps(self.rollout)
+
+    def run_timed_iteration(self) -> None:
+        timeline, iteration = self.timeline, self._next_iteration
+        t0 = timeline.now()
+        record = self.orchestrator.run_iteration(iteration)
+        t1 = timeline.now()
+        self._next_iteration += 1
+        self.iterations.append({
+            "iteration": iteration,
+            "start_s": t0,
+            "e2e_s": t1 - t0,
+            "generated_tokens": record["generated_tokens"],
+            "rollout_wall_s": record["rollout_wall_s"],
+            # After the last rollout call returned: the training left over, the update and the weight sync.
+            "post_rollout_s": max(0.0, (t1 - t0) - record["rollout_wall_s"]),
+            "team_accuracy": record["team_accuracy"],
+            "requests": {agent: stats["requests"] for agent, stats in record["agent"].items()},
+            "split": timeline.time_split(t0, t1),
+            "utilization": device_utilization(timeline, self.devices_of, t0, t1),
+            "utilization_by_group": {k: v for k, v in timeline.utilization_report(t0, t1).items()
+                                     if k != "resources"},
+            "store_busy_s": self.timed_store.busy_seconds(t0, t1),
+            "store_summed_s": self.timed_store.summed_seconds(t0, t1),
+            "instance_busy_s": sum(timeline.busy_seconds(resource, t0, t1) for resource in self.devices_of
+                                   if resource.startswith("rollout/")),
+        })
+
+    def close(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        self._steps = {name: count - self._steps_before.get(name, 0)
+                       for name, count in decode_steps(self.rollout).items()}
+        self.rollout.shutdown()
+        self.raw_store.close()
+
+    def summary(self) -> dict[str, Any]:
+        """The mode's numbers over its timed iterations (call after `close`)."""
+        iterations, n = self.iterations, len(self.iterations)
+        e2e = sum(it["e2e_s"] for it in iterations)
+        tokens = sum(it["generated_tokens"] for it in iterations)
+        mean = lambda key: sum(it[key] for it in iterations) / n  # noqa: E731
+        groups = iterations[0]["utilization_by_group"].keys()
+        steps = self._steps
+        return {
+            "e2e_s": e2e / n,
+            "tokens_per_s": tokens / e2e,
+            "utilization": sum(it["utilization"] * it["e2e_s"] for it in iterations) / e2e,
+            "utilization_by_group": {g: sum(it["utilization_by_group"][g] * it["e2e_s"] for it in iterations) / e2e
+                                     for g in groups},
+            "time_split_s": {key: sum(it["split"][key] for it in iterations) / n for key in iterations[0]["split"]},
+            "rollout_wall_s": mean("rollout_wall_s"),
+            "post_rollout_s": mean("post_rollout_s"),
+            "store_time_fraction": sum(it["store_busy_s"] for it in iterations) / e2e,
+            "store_calls_per_iteration": {
+                method: dict(zip(("calls", "seconds", "cpu_seconds"),
+                                 ((now - before) / n for now, before in
+                                  zip(totals, self._calls_before.get(method, (0, 0.0, 0.0)), strict=True)),
+                                 strict=True))
+                for method, totals in self.timed_store.call_totals().items()},
+            "generated_tokens_per_iteration": tokens / n,
+            # On CPU the fake devices share the cores: concurrent instances make each of these steps slower.
+            "decode_steps_per_iteration": sum(steps.values()) / n,
+            "decode_steps_per_instance": {name: count / n for name, count in steps.items()},
+            "instance_busy_s_per_decode_step": sum(it["instance_busy_s"] for it in iterations)
+            / max(1, sum(steps.values())),
+            "devices": len({d for devices in self.devices_of.values() for d in devices}),
+            "warmup_s": self.warmup_s,
+            "build_s": self.build_s,
+            "iterations": iterations,
+            "overrides": self.overrides,
+        }
+
+
+def run_modes(modes: Mapping[str, Mapping[str, str]], workload: Workload, *, seed: int,
+              root: str) -> dict[str, dict[str, Any]]:
+    """Builds and warms up every mode, then times them in interleaved rounds: round k runs iteration k of
+    every mode, starting one mode later each round, so that a change in the shared machine's load hits all
+    modes alike rather than whichever mode happened to run then."""
+    runs: dict[str, ModeRun] = {}
     try:
-        warm_start = time.perf_counter()
-        for iteration in range(workload.warmup_iterations):
-            orchestrator.run_iteration(iteration)
-        warmup_s = time.perf_counter() - warm_start
-        calls_before = timed_store.call_totals()
-        steps_before = decode_steps(rollout)
-        for iteration in range(workload.warmup_iterations, config.iterations):
-            t0 = timeline.now()
-            record = orchestrator.run_iteration(iteration)
-            t1 = timeline.now()
-            iterations.append({
-                "iteration": iteration,
-                "start_s": t0,
-                "e2e_s": t1 - t0,
-                "generated_tokens": record["generated_tokens"],
-                "rollout_wall_s": record["rollout_wall_s"],
-                # After the last rollout call returned: the training left over, the update and the weight sync.
-                "post_rollout_s": max(0.0, (t1 - t0) - record["rollout_wall_s"]),
-                "team_accuracy": record["team_accuracy"],
-                "requests": {agent: stats["requests"] for agent, stats in record["agent"].items()},
-                "split": timeline.time_split(t0, t1),
-                "utilization": device_utilization(timeline, devices_of, t0, t1),
-                "utilization_by_group": {k: v for k, v in timeline.utilization_report(t0, t1).items()
-                                         if k != "resources"},
-                "store_busy_s": timed_store.busy_seconds(t0, t1),
-                "store_summed_s": timed_store.summed_seconds(t0, t1),
-            })
-        steps = {name: count - steps_before.get(name, 0) for name, count in decode_steps(rollout).items()}
-        window = (iterations[0]["start_s"], iterations[-1]["start_s"] + iterations[-1]["e2e_s"])
-        instance_busy_s = sum(timeline.busy_seconds(f"rollout/{name}", *window) for name in steps)
+        for name, overrides in modes.items():
+            started = time.perf_counter()
+            runs[name] = ModeRun(name, overrides, workload, seed=seed, root=root)
+            runs[name].warm_up()
+            logger.info("mode %s ready in %.1f s (warm-up %.1f s)", name, time.perf_counter() - started,
+                        runs[name].warmup_s)
+        names = list(runs)
+        for round_index in range(workload.iterations):
+            shift = round_index % len(names)
+            for name in names[shift:] + names[:shift]:
+                runs[name].run_timed_iteration()
     finally:
-        rollout.shutdown()
-        store.close()
-    e2e = sum(it["e2e_s"] for it in iterations)
-    tokens = sum(it["generated_tokens"] for it in iterations)
-    split = {key: sum(it["split"][key] for it in iterations) / len(iterations) for key in iterations[0]["split"]}
-    groups = iterations[0]["utilization_by_group"].keys()
-    return {
-        "e2e_s": e2e / len(iterations),
-        "tokens_per_s": tokens / e2e,
-        "utilization": sum(it["utilization"] * it["e2e_s"] for it in iterations) / e2e,
-        "utilization_by_group": {g: sum(it["utilization_by_group"][g] * it["e2e_s"] for it in iterations) / e2e
-                                 for g in groups},
-        "time_split_s": split,
-        "rollout_wall_s": sum(it["rollout_wall_s"] for it in iterations) / len(iterations),
-        "store_time_fraction": sum(it["store_busy_s"] for it in iterations) / e2e,
-        "store_calls_per_iteration": {
-            method: dict(zip(("calls", "seconds", "cpu_seconds"),
-                             ((now - before) / len(iterations)
-                              for now, before in zip(totals, calls_before.get(method, (0, 0.0, 0.0)), strict=True)),
-                             strict=True))
-            for method, totals in timed_store.call_totals().items()},
-        "post_rollout_s": sum(it["post_rollout_s"] for it in iterations) / len(iterations),
-        "generated_tokens_per_iteration": tokens / len(iterations),
-        # On CPU the fake devices share the cores: concurrent instances make each of these steps slower.
-        "decode_steps_per_iteration": sum(steps.values()) / len(iterations),
-        "decode_steps_per_instance": {name: count / len(iterations) for name, count in steps.items()},
-        "instance_busy_s_per_decode_step": instance_busy_s / max(1, sum(steps.values())),
-        "devices": len({d for devices in devices_of.values() for d in devices}),
-        "warmup_s": warmup_s,
-        "build_s": warm_start - built,
-        "iterations": iterations,
-        "overrides": dict(overrides),
-    }
+        for run in runs.values():
+            run.close()
+    return {name: run.summary() for name, run in runs.items()}
+
+
+def run_mode(name: str, overrides: Mapping[str, str], workload: Workload, *, seed: int, root: str) -> dict[str, Any]:
+    """One mode alone: build, warm up, time `workload.iterations` iterations."""
+    return run_modes({name: overrides}, workload, seed=seed, root=root)[name]
 
 
 # ------------------------------------------------------------------------------------ report
@@ -535,14 +594,10 @@ def main(argv: list[str] | None = None) -> int:
         devices = max(devices, len(config.workflow.agents) * per_agent)
     _fake_devices(devices)
     started = time.perf_counter()
-    modes = {}
     with (tempfile.TemporaryDirectory(prefix="flexmarl-bench-pipeline-") as root,
           compilation_cache(None if args.no_compile_cache else os.path.join(root, "xla-cache"))):
-        for name in args.modes.split(","):
-            mode_start = time.perf_counter()
-            modes[name] = run_mode(name, {**MODES[name], **overrides}, workload, seed=args.seed, root=root)
-            logger.info("mode %s: %.1f s (warm-up %.1f s)", name, time.perf_counter() - mode_start,
-                        modes[name]["warmup_s"])
+        modes = run_modes({name: {**MODES[name], **overrides} for name in args.modes.split(",")}, workload,
+                          seed=args.seed, root=root)
     result = summarize(modes)
     result["workload"] = dataclasses.asdict(workload)
     result["seed"] = args.seed
