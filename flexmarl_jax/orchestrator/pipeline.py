@@ -27,6 +27,7 @@ import numpy as np
 from flexmarl_jax.metrics import GENERATED_TOKENS, REQUESTS, Timeline
 from flexmarl_jax.orchestrator.dispatch import AgentDispatcher, DispatchStats
 from flexmarl_jax.orchestrator.invariants import ConsistencyChecker
+from flexmarl_jax.orchestrator.shared_training import SharedTraining
 from flexmarl_jax.orchestrator.sink import StoreSink
 from flexmarl_jax.store import ExperienceStore
 from flexmarl_jax.train.advantages import group_advantages
@@ -91,6 +92,7 @@ class _Rollout:
     def _run(self, executor: WorkflowExecutor, problems) -> None:
         try:
             self.result = executor.run(problems, self.sink)
+            self.sink.flush()  # every finished group is in the store before the rollout counts as done
         except BaseException as error:  # surfaced by wait()
             self.error = error
         finally:
@@ -115,6 +117,8 @@ class JointOrchestrator:
       aggregation, estimator: the loss aggregation and advantage estimator of the algorithm.
       on_update_applied: called with the iteration after every agent applied its update and before the
         iteration's rows are marked consumed (run.py checkpoints there, so a crash never loses a sample).
+      shared_training: agent-centric allocation (`shared_training.SharedTraining`); ``trainers`` are then its
+        PooledTrainers, which hold one of its slices only while their agent has a micro-batch.
     """
 
     def __init__(self, settings: PipelineSettings, *, trainers: Mapping[str, AgentTrainer], store: ExperienceStore,
@@ -122,8 +126,10 @@ class JointOrchestrator:
                  sync_weights: Callable[[str, Any, int], None], sampling: Mapping[str, SamplingParams],
                  pad_id: int, aggregation: str, estimator: str, timeline: Timeline | None = None,
                  calls_per_trajectory: Mapping[str, int] | None = None,
-                 on_update_applied: Callable[[int], None] | None = None):
+                 on_update_applied: Callable[[int], None] | None = None,
+                 shared_training: SharedTraining | None = None):
         self.settings = settings
+        self.shared_training = shared_training
         self.trainers = dict(trainers)
         self.store, self.workflow, self.task, self.backend = store, workflow, task, backend
         self.sync_weights = sync_weights
@@ -204,7 +210,7 @@ class JointOrchestrator:
                 normalizers=self.normalizers[agent], aggregation=self.aggregation,
                 pad_id=self.pad_id, max_staleness=self.settings.max_staleness,
                 variable_groups=agent in self._conditional, timeline=self.timeline, resource=f"train/{agent}",
-                on_trained=on_trained)
+                on_trained=on_trained, slot=trainer if self.shared_training is not None else None)
             for agent, trainer in self.trainers.items()
         }
 
@@ -236,6 +242,7 @@ class JointOrchestrator:
         """Runs one iteration end to end and returns its metrics record (without wall-clock splits)."""
         settings = self.settings
         t0 = self.timeline.now()
+        pool_t0 = self.shared_training.clock() if self.shared_training is not None else None
         if self.settings.max_staleness > 0:
             self.store.drop_stale_rows(current_versions=self.versions(), max_staleness=settings.max_staleness)
         rollout = self._pending_rollout or self._start_rollout(iteration, hold_rows=False)
@@ -266,13 +273,11 @@ class JointOrchestrator:
                 if settings.max_staleness > 0 and iteration + 1 < self._last_iteration:
                     self._pending_rollout = self._start_rollout(iteration + 1, hold_rows=True)
                 self._drain_all(dispatchers, stats, rollout, concurrent=settings.mode != "serial")
+            rollout.sink.close()
             unfinished = rollout.sink.unfinished()
             if unfinished:
                 raise RuntimeError(f"iteration {iteration}: workflow calls never closed into groups: {unfinished}")
-            train_metrics = {}
-            for agent, trainer in self.trainers.items():
-                with self.timeline.busy(f"train/{agent}", "train", agent=agent):
-                    train_metrics[agent] = trainer.apply(allow_empty=True)
+            train_metrics = self._apply_all()
         except BaseException:
             for dispatcher in dispatchers.values():
                 dispatcher.release_all()
@@ -283,7 +288,29 @@ class JointOrchestrator:
         if self.checker is not None and settings.max_staleness == 0:
             self.checker.check_all_consumed()
         self.sync_all()
-        return self._record(iteration, t0, rollout, result, stats, train_metrics, consumed)
+        record = self._record(iteration, t0, rollout, result, stats, train_metrics, consumed)
+        record["train_pool"] = self._train_pool_record(t0, self.timeline.now(), pool_t0)
+        return record
+
+    def _apply_all(self) -> dict[str, dict]:
+        """Every agent applies its update, concurrently (each on its own training mesh)."""
+        metrics, errors = {}, []
+
+        def apply(agent: str, trainer: AgentTrainer) -> None:
+            try:
+                with self.timeline.busy(f"train/{agent}", "train", agent=agent):
+                    metrics[agent] = trainer.apply(allow_empty=True)
+            except BaseException as error:
+                errors.append(error)
+
+        threads = [threading.Thread(target=apply, args=item, name=f"apply-{item[0]}") for item in self.trainers.items()]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join()
+        if errors:
+            raise errors[0]
+        return metrics
 
     def set_horizon(self, last_iteration: int) -> None:
         """The iteration number after the last one (a stale-mode rollout never starts beyond it)."""
@@ -292,6 +319,23 @@ class JointOrchestrator:
     _last_iteration = 1 << 30
 
     # ------------------------------------------------------------------------------------------ metrics
+    def _train_pool_record(self, t0: float, t1: float, pool_t0: float | None) -> dict:
+        """Training-pool utilization over [t0, t1]: gradient/update seconds of every agent / (slices x wall).
+
+        Slices: the shared pool's S, or one dedicated mesh per agent (static binding). ``held`` is the
+        fraction of slice time leased to some agent (includes swaps and waits for micro-batches).
+        """
+        compute = sum(max(0.0, min(i.end, t1) - max(i.start, t0)) for i in self.timeline.intervals(include_open=True)
+                      if i.kind == "train" and i.resource in {f"train/{agent}" for agent in self.trainers})
+        shared = self.shared_training
+        slices = shared.num_slices if shared is not None else len(self.trainers)
+        record = {"slices": slices, "agents": len(self.trainers), "busy_s": compute,
+                  "utilization": compute / (slices * max(t1 - t0, 1e-9))}
+        if shared is not None:
+            record["held"] = shared.pool.utilization(pool_t0, shared.clock())
+            record.update(shared.stats())
+        return record
+
     def _record(self, iteration, t0, rollout: _Rollout, result: RunResult, stats, train_metrics, consumed) -> dict:
         t1 = self.timeline.now()
         tokens = sum(load.completion_tokens for load in result.load.values())

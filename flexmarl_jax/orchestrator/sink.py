@@ -1,9 +1,9 @@
 """Streams workflow agent calls into the experience store (the `ExperienceSink` the executor writes to).
 
-A GRPO group is appended once the workflow closes it (its final size is then known: a conditional node
-such as the corrector runs for only some trajectories), so the store can tell a complete group from a
-partial one. Rewards arrive as trajectories finish; when the last reward of a group is in, the group's
-rewards and advantages are written together and its rows become READY (claimable).
+A GRPO group is complete once the workflow has closed it (its final size is then known: a conditional
+node such as the corrector runs for only some trajectories) and every row has its reward. Complete groups
+go to the store from a writer thread, batched (one append per agent and group size, carrying rewards and
+advantages), so store latency never delays the rollout and the store sees few, large transactions.
 """
 
 from __future__ import annotations
@@ -24,10 +24,9 @@ class _Group:
     def __init__(self, agent: str, records: list[CallRecord]):
         self.agent, self.records = agent, records
         self.rewards: dict[str, float] = {}
-        self.appended = False
 
     def complete(self) -> bool:
-        return self.appended and len(self.rewards) == len(self.records)
+        return len(self.rewards) == len(self.records)
 
 
 class StoreSink:
@@ -35,24 +34,31 @@ class StoreSink:
 
     Args:
       advantage_fn: the group-relative advantage estimator, applied to each complete group's rewards.
-      on_generated: told about every row as it is appended, with the versions it depends on (the
-        invariant checker uses it).
-      hold: keep closed groups out of the store until `release_held()` (a rollout running ahead of training
-        must not feed the current iteration's claims).
+      on_generated: told about every row just before it enters the store, with the versions it depends on
+        (the invariant checker uses it).
+      hold: keep complete groups out of the store until `release_held()` (a rollout running ahead of
+        training must not feed the current iteration's claims).
+    Call `flush()` before declaring the rollout finished, and `close()` when done with the sink.
     """
 
     def __init__(self, store: ExperienceStore, advantage_fn: AdvantageFn, *,
                  on_generated: Callable[[CallRecord, dict], None] | None = None, hold: bool = False):
         self.store, self.advantage_fn = store, advantage_fn
         self._on_generated = on_generated
-        self._lock = threading.Lock()
+        self._cond = threading.Condition()
         self._open: dict[tuple[str, str], list[CallRecord]] = collections.defaultdict(list)
-        self._groups: dict[tuple[str, str], _Group] = {}  # closed groups, by (agent, group_id)
+        self._closed: dict[tuple[str, str], _Group] = {}  # closed groups still missing rewards
         self._group_of: dict[tuple[str, str], _Group] = {}  # (agent, sample_id) -> its closed group
         self._early_rewards: dict[tuple[str, str], float] = {}  # rewards of calls whose group is still open
+        self._to_write: list[_Group] = []
+        self._writing = False
         self._holding = hold
-        self._held: list[_Group] = []
+        self._stopping = False
+        self._error: BaseException | None = None
         self.rows_appended: collections.Counter[str] = collections.Counter()
+        self.store_calls = 0
+        self._writer = threading.Thread(target=self._write_loop, name="store-sink", daemon=True)
+        self._writer.start()
 
     @staticmethod
     def versions_of(record: CallRecord) -> dict[str, int]:
@@ -63,12 +69,12 @@ class StoreSink:
 
     # ---------------------------------------------------------------------------- ExperienceSink protocol
     def add_calls(self, records: Sequence[CallRecord]) -> None:
-        with self._lock:
+        with self._cond:
             for record in records:
                 self._open[(record.agent, record.group_id)].append(record)
 
     def close_group(self, agent: str, group_id: str, size: int) -> None:
-        with self._lock:
+        with self._cond:
             records = self._open.pop((agent, group_id), [])
             if len(records) != size:
                 raise ValueError(f"group {group_id!r} of {agent!r} closed with size {size} but "
@@ -76,79 +82,115 @@ class StoreSink:
             if not records:
                 return
             group = _Group(agent, records)
-            self._groups[(agent, group_id)] = group
             for record in records:
-                self._group_of[(agent, record.sample_id)] = group
                 reward = self._early_rewards.pop((agent, record.sample_id), None)
                 if reward is not None:
                     group.rewards[record.sample_id] = reward
-            if self._holding:
-                self._held.append(group)
-            else:
-                self._append(group)
+                else:
+                    self._group_of[(agent, record.sample_id)] = group
+            self._closed[(agent, group_id)] = group
+            self._enqueue_if_complete(group)
 
     def set_rewards(self, agent: str, sample_ids: Sequence[str], rewards: Sequence[float]) -> None:
-        with self._lock:
-            touched = {}
+        with self._cond:
             for sample_id, reward in zip(sample_ids, rewards, strict=True):
-                group = self._group_of.get((agent, sample_id))
+                group = self._group_of.pop((agent, sample_id), None)
                 if group is None:
                     self._early_rewards[(agent, sample_id)] = float(reward)
                 else:
                     group.rewards[sample_id] = float(reward)
-                    touched[id(group)] = group
-            for group in touched.values():
-                self._finish_if_complete(group)
+                    self._enqueue_if_complete(group)
 
-    # ------------------------------------------------------------------------------------------- internal
+    # ------------------------------------------------------------------------------------------ control
     def release_held(self) -> None:
-        """Appends every held group and stops holding."""
-        with self._lock:
+        """Stops holding: complete groups (held so far and later) go to the store; returns once the held
+        ones are written."""
+        with self._cond:
             self._holding = False
-            held, self._held = self._held, []
-            for group in held:
-                self._append(group)
+            self._cond.notify_all()
+        self.flush()
 
-    def _append(self, group: _Group) -> None:
-        records = group.records
-        versions = [self.versions_of(r) for r in records]
-        dependencies = sorted({a for v in versions for a in v})
-        self.store.append_rows(
-            group.agent,
-            input_ids=[r.input_id for r in records],
-            trajectory_ids=[r.trajectory_id for r in records],
-            turns=[r.turn for r in records],
-            group_ids=[r.group_id for r in records],
-            group_size=len(records),
-            policy_versions={a: [v.get(a, -1) for v in versions] for a in dependencies},
-            columns={
-                "prompt_tokens": [np.asarray(r.prompt_token_ids, np.int32) for r in records],
-                "response_tokens": [np.asarray(r.token_ids, np.int32) for r in records],
-                "behaviour_logprobs": [np.asarray(r.logprobs, np.float32) for r in records],
-            },
-        )
-        group.appended = True
-        self.rows_appended[group.agent] += len(records)
-        if self._on_generated is not None:
-            for record, record_versions in zip(records, versions, strict=True):
-                self._on_generated(record, record_versions)
-        self._finish_if_complete(group)
+    def flush(self) -> None:
+        """Waits until every complete group is in the store (unless held); raises a writer failure."""
+        with self._cond:
+            while (self._to_write and not self._holding or self._writing) and self._error is None:
+                self._cond.wait()
+            if self._error is not None:
+                raise RuntimeError(f"writing experience to the store failed: {self._error}") from self._error
 
-    def _finish_if_complete(self, group: _Group) -> None:
-        if not group.complete():
-            return
-        sample_ids = [r.sample_id for r in group.records]
-        rewards = np.asarray([group.rewards[s] for s in sample_ids], np.float32)
-        advantages = np.asarray(self.advantage_fn(rewards), np.float32)
-        self.store.set_columns(group.agent, sample_ids, {"reward": rewards, "advantage": advantages})
-        for sample_id in sample_ids:
-            del self._group_of[(group.agent, sample_id)]
-        del self._groups[(group.agent, group.records[0].group_id)]
+    def close(self) -> None:
+        self.flush()
+        with self._cond:
+            self._stopping = True
+            self._cond.notify_all()
+        self._writer.join()
 
     def unfinished(self) -> dict[str, int]:
-        """Calls not yet in a complete group, per agent (empty after a clean rollout)."""
-        with self._lock:
+        """Calls not yet in the store, per agent (empty after a clean, flushed rollout)."""
+        with self._cond:
             counts = collections.Counter(agent for agent, _ in self._open)
-            counts.update(group.agent for group in self._groups.values())
+            counts.update(group.agent for group in self._closed.values())
             counts.update(agent for agent, _ in self._early_rewards)
+            counts.update(group.agent for group in self._to_write)
             return dict(counts)
+
+    # ------------------------------------------------------------------------------------------ internal
+    def _enqueue_if_complete(self, group: _Group) -> None:
+        if group.complete():
+            del self._closed[(group.agent, group.records[0].group_id)]
+            self._to_write.append(group)
+            self._cond.notify_all()
+
+    def _write_loop(self) -> None:
+        while True:
+            with self._cond:
+                while not self._stopping and (self._holding or not self._to_write):
+                    self._cond.wait()
+                if self._stopping and (self._holding or not self._to_write):
+                    return
+                batch, self._to_write = self._to_write, []
+                self._writing = True
+            try:
+                self._write(batch)
+            except BaseException as error:  # surfaced by flush()
+                with self._cond:
+                    self._error = error
+            finally:
+                with self._cond:
+                    self._writing = False
+                    self._cond.notify_all()
+
+    def _write(self, groups: list[_Group]) -> None:
+        """One append per (agent, group size) with every row's data, reward and advantage."""
+        by_key: dict[tuple[str, int], list[_Group]] = collections.defaultdict(list)
+        for group in groups:
+            by_key[(group.agent, len(group.records))].append(group)
+        for (agent, group_size), same in by_key.items():
+            records = [r for group in same for r in group.records]
+            rewards = np.concatenate([np.asarray([g.rewards[r.sample_id] for r in g.records], np.float32)
+                                      for g in same])
+            advantages = np.concatenate([np.asarray(self.advantage_fn(
+                np.asarray([g.rewards[r.sample_id] for r in g.records], np.float32)), np.float32) for g in same])
+            versions = [self.versions_of(r) for r in records]
+            dependencies = sorted({a for v in versions for a in v})
+            if self._on_generated is not None:  # before the rows become claimable
+                for record, record_versions in zip(records, versions, strict=True):
+                    self._on_generated(record, record_versions)
+            self.store.append_rows(
+                agent,
+                input_ids=[r.input_id for r in records],
+                trajectory_ids=[r.trajectory_id for r in records],
+                turns=[r.turn for r in records],
+                group_ids=[r.group_id for r in records],
+                group_size=group_size,
+                policy_versions={a: [v.get(a, -1) for v in versions] for a in dependencies},
+                columns={
+                    "prompt_tokens": [np.asarray(r.prompt_token_ids, np.int32) for r in records],
+                    "response_tokens": [np.asarray(r.token_ids, np.int32) for r in records],
+                    "behaviour_logprobs": [np.asarray(r.logprobs, np.float32) for r in records],
+                    "reward": rewards,
+                    "advantage": advantages,
+                },
+            )
+            self.store_calls += 1
+            self.rows_appended[agent] += len(records)
