@@ -41,6 +41,8 @@ class StoreSink:
     Call `flush()` before declaring the rollout finished, and `close()` when done with the sink.
     """
 
+    BATCH_WINDOW_S = 0.02
+
     def __init__(self, store: ExperienceStore, advantage_fn: AdvantageFn, *,
                  on_generated: Callable[[CallRecord, dict], None] | None = None, hold: bool = False):
         self.store, self.advantage_fn = store, advantage_fn
@@ -54,6 +56,7 @@ class StoreSink:
         self._writing = False
         self._holding = hold
         self._stopping = False
+        self._flushing = False
         self._error: BaseException | None = None
         self.rows_appended: collections.Counter[str] = collections.Counter()
         self.store_calls = 0
@@ -113,8 +116,11 @@ class StoreSink:
     def flush(self) -> None:
         """Waits until every complete group is in the store (unless held); raises a writer failure."""
         with self._cond:
+            self._flushing = True
+            self._cond.notify_all()
             while (self._to_write and not self._holding or self._writing) and self._error is None:
                 self._cond.wait()
+            self._flushing = False
             if self._error is not None:
                 raise RuntimeError(f"writing experience to the store failed: {self._error}") from self._error
 
@@ -148,6 +154,10 @@ class StoreSink:
                     self._cond.wait()
                 if self._stopping and (self._holding or not self._to_write):
                     return
+                if not self._flushing:
+                    # Let more groups complete first: fewer, larger store transactions; rows become
+                    # claimable at most BATCH_WINDOW_S later.
+                    self._cond.wait(timeout=self.BATCH_WINDOW_S)
                 batch, self._to_write = self._to_write, []
                 self._writing = True
             try:
