@@ -68,6 +68,7 @@ def get_config(variant: str | None = None) -> ml_collections.ConfigDict:
     config.mesh.rollout_devices_per_instance = 1  # devices under each engine instance
     config.mesh.train_devices_per_agent = 1  # devices in each agent's training mesh (fsdp x tp)
     config.mesh.tp = 1  # tensor-parallel degree inside a training mesh (divides train_devices_per_agent)
+    config.mesh.train_slices = 0  # training slices shared by all agents; 0 = a dedicated slice per agent
 
     config.store = ml_collections.ConfigDict()
     config.store.backend = "memory"  # memory (TensorStore memory driver) | file (ocdbt under workdir)

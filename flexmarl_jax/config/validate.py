@@ -32,7 +32,7 @@ SECTION_FIELDS = {
     "train": {"algorithm": str, "learning_rate": float, "global_batch_size": int, "micro_batch_size": int,
               "max_staleness": int},
     "mesh": {"fake_cpu_devices": int, "rollout_devices_per_instance": int, "train_devices_per_agent": int,
-             "tp": int},
+             "tp": int, "train_slices": int},
     "store": {"backend": str, "path": str},
     "pipeline": {"mode": str, "async_micro_batches": bool, "balancing": bool, "debug_invariants": bool,
                  "balance_delta": int, "balance_cooldown_s": float, "balance_poll_s": float},
@@ -83,10 +83,11 @@ def _check_choice(config, dotted: str, allowed) -> None:
 
 
 def devices_needed(config: ml_collections.ConfigDict) -> int:
-    """Devices the run binds: every agent's rollout instances plus its training mesh."""
-    per_agent = (config.rollout.instances_per_agent * config.mesh.rollout_devices_per_instance
-                 + config.mesh.train_devices_per_agent)
-    return len(config.agents) * per_agent
+    """Devices the run binds: every agent's rollout instances plus its training mesh (or the S shared
+    training slices when mesh.train_slices = S > 0)."""
+    rollout = config.rollout.instances_per_agent * config.mesh.rollout_devices_per_instance
+    slices = config.mesh.train_slices or len(config.agents)
+    return len(config.agents) * rollout + slices * config.mesh.train_devices_per_agent
 
 
 def _check_model(name: str, field: str) -> None:
@@ -185,8 +186,17 @@ def validate_config(config: ml_collections.ConfigDict, *, available_devices: int
     if config.mesh.train_devices_per_agent % config.mesh.tp:
         raise ConfigError(f"config.mesh.tp={config.mesh.tp} must divide "
                           f"mesh.train_devices_per_agent={config.mesh.train_devices_per_agent}")
+    if not 0 <= config.mesh.train_slices <= len(config.agents):
+        raise ConfigError(f"config.mesh.train_slices={config.mesh.train_slices} must be in 0..{len(config.agents)} "
+                          "(the number of agents; 0 = a dedicated training slice per agent)")
     if available_devices is not None:
         needed = devices_needed(config)
+        if needed > available_devices and config.mesh.train_slices:
+            raise ConfigError(
+                f"config.mesh needs {needed} devices ({len(config.agents)} agents x "
+                f"{config.rollout.instances_per_agent} instances x {config.mesh.rollout_devices_per_instance} + "
+                f"mesh.train_slices={config.mesh.train_slices} x mesh.train_devices_per_agent="
+                f"{config.mesh.train_devices_per_agent}) but {available_devices} exist")
         if needed > available_devices:
             raise ConfigError(
                 f"config.mesh needs {needed} devices ({len(config.agents)} agents x "

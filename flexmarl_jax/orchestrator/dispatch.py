@@ -12,7 +12,9 @@ from __future__ import annotations
 import dataclasses
 import threading
 from collections.abc import Callable, Mapping
+from typing import Any
 
+import jax
 import numpy as np
 
 from flexmarl_jax.metrics import Timeline
@@ -48,8 +50,12 @@ class AgentDispatcher:
     def __init__(self, agent: str, trainer: AgentTrainer, store: ExperienceStore, *, micro_batch_size: int,
                  normalizers: IterationNormalizers, aggregation: str, pad_id: int,
                  max_staleness: int, variable_groups: bool, timeline: Timeline, resource: str,
-                 on_trained: Callable[[list[str], str, Mapping[str, int]], None] | None = None):
+                 on_trained: Callable[[list[str], str, Mapping[str, int]], None] | None = None,
+                 slot: Any | None = None):
         self.agent, self.trainer, self.store = agent, trainer, store
+        # Agent-centric allocation (shared_training.PooledTrainer): activate() leases a training slice and
+        # brings the agent's state there; release() frees it whenever the agent has nothing claimable.
+        self.slot = slot
         self.micro_batch_size = micro_batch_size
         self.normalizers, self.aggregation = normalizers, aggregation
         self.pad_id, self.max_staleness = pad_id, max_staleness
@@ -75,8 +81,11 @@ class AgentDispatcher:
         if self.on_trained is not None:
             self.on_trained(list(rows.sample_ids), self.agent, current_versions)
         batch, rewards = self._to_micro_batch(rows)
+        if self.slot is not None:
+            self.slot.activate()  # may wait for a free slice: not training time
         with self.timeline.busy(self.resource, "train", agent=self.agent):
             self.trainer.accumulate(batch)
+            jax.block_until_ready(self.trainer.accumulated_gradients())  # the interval is compute, not dispatch
         self.claimed.append(rows)
         stats.micro_batches += 1
         stats.rows += len(rows)
@@ -88,6 +97,13 @@ class AgentDispatcher:
     def drain(self, current_versions: Mapping[str, int], rollout_done: threading.Event, stats: DispatchStats,
               *, iteration_start: float, poll_s: float = 0.02) -> None:
         """Claims and trains until rollout is done and nothing claimable is left."""
+        try:
+            self._drain(current_versions, rollout_done, stats, iteration_start=iteration_start, poll_s=poll_s)
+        finally:
+            if self.slot is not None:
+                self.slot.release()
+
+    def _drain(self, current_versions, rollout_done, stats, *, iteration_start: float, poll_s: float) -> None:
         while True:
             finished = rollout_done.is_set()  # read before claiming: rows can only be added before it
             rows = self.store.claim_micro_batch(
@@ -97,9 +113,13 @@ class AgentDispatcher:
             if rows is not None and self.variable_groups and not finished and len(rows) < self.micro_batch_size:
                 if self.store.counters(self.agent)["ready"] < self.micro_batch_size:
                     self.store.release(rows)  # too few yet: wait for a fuller micro-batch
+                    if self.slot is not None:
+                        self.slot.release()
                     rollout_done.wait(poll_s)
                     continue
             if rows is None:
+                if self.slot is not None:
+                    self.slot.release()  # nothing claimable now: another agent may use the slice
                 if finished:
                     return
                 continue

@@ -298,6 +298,8 @@ class JointOrchestrator:
 
         def apply(agent: str, trainer: AgentTrainer) -> None:
             try:
+                if self.shared_training is not None and trainer.pending_micro_batches:
+                    trainer.activate()  # waiting for a shared slice is not training time
                 with self.timeline.busy(f"train/{agent}", "train", agent=agent):
                     metrics[agent] = trainer.apply(allow_empty=True)
             except BaseException as error:

@@ -11,22 +11,29 @@ import json
 import logging
 import os
 import time
+from collections.abc import Mapping
 
 import jax
 import ml_collections
+from jax.sharding import Mesh
 
 from flexmarl_jax import metrics
 from flexmarl_jax.mesh.layout import layout_devices
+from flexmarl_jax.mesh.meshes import make_mesh
 from flexmarl_jax.models import presets
+from flexmarl_jax.models.functional import param_shardings
 from flexmarl_jax.models.tokenizer import CharTokenizer
 from flexmarl_jax.orchestrator.pipeline import JointOrchestrator, PipelineSettings
 from flexmarl_jax.orchestrator.rollout_setup import build_rollout
+from flexmarl_jax.orchestrator.shared_training import SharedTraining
 from flexmarl_jax.orchestrator.warmup import run_warmup, warmup_examples
+from flexmarl_jax.orchestrator.weight_sync import StoreWeightSync
 from flexmarl_jax.store import ExperienceStore
 from flexmarl_jax.train.algorithms import loss_config_for
 from flexmarl_jax.train.checkpoint import restore_trainer, save_all
 from flexmarl_jax.train.optim import OptimizerConfig
 from flexmarl_jax.train.trainer import AgentTrainer, TrainerConfig
+from flexmarl_jax.transfer import StateStore
 from flexmarl_jax.workflows import SamplingParams, build_workflow_for_agents, resolve_task
 
 logger = logging.getLogger(__name__)
@@ -34,8 +41,9 @@ logger = logging.getLogger(__name__)
 CHECKPOINT_DIR = "checkpoints"
 
 
-def build_trainers(config: ml_collections.ConfigDict, layout, *, micro_batch_size: int | None = None):
-    """agent -> AgentTrainer on that agent's training mesh."""
+def build_trainers(config: ml_collections.ConfigDict, layout, *, micro_batch_size: int | None = None,
+                   train_meshes: Mapping[str, Mesh] | None = None):
+    """agent -> AgentTrainer on that agent's training mesh (or on ``train_meshes[agent]``)."""
     loss = loss_config_for(config.train.algorithm)
     max_len = config.rollout.max_prompt_length + config.rollout.max_response_length
     trainers = {}
@@ -46,7 +54,8 @@ def build_trainers(config: ml_collections.ConfigDict, layout, *, micro_batch_siz
             micro_batch_size=micro_batch_size or config.train.micro_batch_size, max_len=max_len, loss=loss,
             optimizer=OptimizerConfig(learning_rate=learning_rate))
         trainers[agent] = AgentTrainer(agent, presets.get_preset(agent_config.model), trainer_config,
-                                       mesh=layout[agent].train_mesh(config.mesh.tp),
+                                       mesh=train_meshes[agent] if train_meshes is not None
+                                       else layout[agent].train_mesh(config.mesh.tp),
                                        seed=config.seed * 1000 + index)
     return trainers
 
@@ -63,12 +72,19 @@ def build_orchestrator(config: ml_collections.ConfigDict, *, timeline: metrics.T
     """Everything a run needs: (orchestrator, trainers, store, rollout handle, start iteration)."""
     agents = tuple(config.workflow.agents)
     mode = config.pipeline.mode
+    train_slices = int(config.mesh.get("train_slices", 0))
+    if train_slices and mode == "serial":
+        raise ValueError(f"mesh.train_slices={train_slices} needs disaggregated training (pipeline.mode sync or "
+                         "flexmarl); the serial mode colocates each agent's rollout on its training mesh")
     layout = layout_devices(jax.devices(), agents, instances_per_agent=config.rollout.instances_per_agent,
                             rollout_devices_per_instance=config.mesh.rollout_devices_per_instance,
-                            train_devices_per_agent=config.mesh.train_devices_per_agent,
+                            train_devices_per_agent=0 if train_slices else config.mesh.train_devices_per_agent,
                             colocate=mode == "serial")
     tokenizer = CharTokenizer()
-    trainers = build_trainers(config, layout)
+    slice_meshes = training_slice_meshes(config, layout, train_slices) if train_slices else None
+    # With shared slices, agent i starts on slice i mod S (its state is offloaded to host right after setup).
+    trainers = build_trainers(config, layout, train_meshes=None if slice_meshes is None else {
+        agent: slice_meshes[index % train_slices] for index, agent in enumerate(agents)})
     workflow = build_workflow_for_agents(config.workflow.name, agents,
                                          shaping_weights=config.workflow.shaping_weights.to_dict())
     task = resolve_task(config.workflow.task, **config.workflow.task_options.to_dict())
@@ -90,6 +106,16 @@ def build_orchestrator(config: ml_collections.ConfigDict, *, timeline: metrics.T
     timeline = timeline or metrics.Timeline()
     store = ExperienceStore.open(config.workdir, agents=agents, backend=config.store.backend)
     rollout = build_rollout(config, layout, trainers, tokenizer, timeline)
+    state_store = StateStore()
+    shared = None
+    if slice_meshes is not None:
+        # Agent-centric allocation: agents hold a slice only while they have a micro-batch. The rollout
+        # instances above copied the initial weights; the orchestrator syncs every agent before rollout.
+        shared = SharedTraining(trainers, slice_meshes, store=state_store, clock=timeline.now)
+        trainers = shared.trainers
+    rollout_targets = {agent: param_shardings(trainers[agent].params, layout[agent].rollout_mesh(0))
+                       for agent in agents}
+    sync_weights = StoreWeightSync(state_store, rollout.sync_weights, target_for=rollout_targets.__getitem__)
     settings = PipelineSettings(
         mode=mode, async_micro_batches=config.pipeline.async_micro_batches,
         queries_per_iteration=config.workflow.queries_per_iteration,
@@ -99,10 +125,25 @@ def build_orchestrator(config: ml_collections.ConfigDict, *, timeline: metrics.T
     loss = loss_config_for(config.train.algorithm)
     orchestrator = JointOrchestrator(
         settings, trainers=trainers, store=store, workflow=workflow, task=task, backend=rollout.backend,
-        sync_weights=rollout.sync_weights, sampling=sampling_for(config), pad_id=tokenizer.pad_id,
+        sync_weights=sync_weights, sampling=sampling_for(config), pad_id=tokenizer.pad_id,
         aggregation=loss.aggregation, estimator=loss.advantage_estimator, timeline=timeline,
-        on_update_applied=lambda iteration: save_all(trainers, checkpoint_root, max_to_keep=2))
+        on_update_applied=lambda iteration: save_all(trainers, checkpoint_root, max_to_keep=2),
+        shared_training=shared)
     return orchestrator, trainers, store, rollout, start
+
+
+def training_slice_meshes(config: ml_collections.ConfigDict, layout, train_slices: int) -> list[Mesh]:
+    """``train_slices`` meshes of ``mesh.train_devices_per_agent`` devices each, from the devices that no
+    rollout instance uses (in device order)."""
+    used = {device for agent_devices in layout.values() for group in agent_devices.rollout_groups
+            for device in group}
+    free = [device for device in jax.devices() if device not in used]
+    per_slice = config.mesh.train_devices_per_agent
+    if len(free) < train_slices * per_slice:
+        raise ValueError(f"mesh.train_slices={train_slices} x mesh.train_devices_per_agent={per_slice} needs "
+                         f"{train_slices * per_slice} devices; {len(free)} are left after the rollout instances")
+    return [make_mesh(free[i * per_slice:(i + 1) * per_slice], fsdp=per_slice // config.mesh.tp, tp=config.mesh.tp)
+            for i in range(train_slices)]
 
 
 def _common_checkpoint_version(root: str, agents) -> int | None:

@@ -248,6 +248,7 @@ class AgentTrainer:
     @property
     def params(self):
         """The policy parameters (nnx.State, sharded on this trainer's mesh) for weight sync."""
+        self._check_attached()
         return self._trainable["policy"]
 
     @property
@@ -267,6 +268,7 @@ class AgentTrainer:
 
         Raises ValueError (before touching any state) for a batch of the wrong shape, dtype or agent.
         """
+        self._check_attached()
         placed = self._place(batch)
         self._accum = self._steps.accumulate_step(self._trainable, self._reference, self._accum, placed)
         self._pending_micro_batches += 1
@@ -278,6 +280,7 @@ class AgentTrainer:
         With no accumulated micro-batch this is an error unless ``allow_empty`` (then only the version
         advances, so every agent can move to the next iteration together).
         """
+        self._check_attached()
         if self._pending_micro_batches == 0:
             if not allow_empty:
                 raise RuntimeError(f"agent {self.agent!r}: apply() with no accumulated micro-batch "
@@ -327,6 +330,7 @@ class AgentTrainer:
 
     def checkpoint_state(self) -> dict:
         """{"trainable", "opt_state"} pytrees to save; refuses while gradients are pending."""
+        self._check_attached()
         if self._pending_micro_batches:
             raise RuntimeError(f"agent {self.agent!r}: {self._pending_micro_batches} micro-batches are "
                                "accumulated but not applied; checkpoint at an iteration boundary")
@@ -350,3 +354,50 @@ class AgentTrainer:
             self._reference = state["reference"]
         self.policy_version = int(policy_version)
         self.discard_accumulated()
+
+    # ------------------------------------------------------------------------------- swap state
+    # Agent-centric allocation suspends a trainer between micro-batches of an iteration and resumes it,
+    # maybe on another mesh; unlike `checkpoint_state` this covers the pending gradient sum too.
+
+    def swap_state(self) -> dict:
+        """Hands over all of the trainer's state, mid-iteration too; the trainer then holds no arrays.
+
+        Returns {"trainable", "opt_state", "accum" (fp32 gradient and metric sums), "reference" (when a
+        frozen reference is kept), "pending_micro_batches", "policy_version"}. Call `load_swap_state`
+        before using the trainer again.
+        """
+        self._check_attached()
+        state = {"trainable": self._trainable, "opt_state": self._opt_state, "accum": self._accum,
+                 "pending_micro_batches": self._pending_micro_batches, "policy_version": self.policy_version}
+        if self._steps.has_reference:
+            state["reference"] = self._reference
+        self._trainable = self._opt_state = self._accum = self._reference = None
+        self._detached = True
+        return state
+
+    def swap_shardings(self, mesh: Mesh | None = None) -> dict:
+        """Target shardings of `swap_state` on ``mesh`` (default this trainer's mesh); ints map to None."""
+        steps = self._steps if mesh is None else _steps_for(self.graphdef, self.model_config, self.config, mesh)
+        shardings = {"trainable": steps.trainable, "opt_state": steps.opt, "accum": steps.accum,
+                     "pending_micro_batches": None, "policy_version": None}
+        if steps.has_reference:
+            shardings["reference"] = steps.policy
+        return shardings
+
+    def load_swap_state(self, state: dict, *, mesh: Mesh | None = None) -> None:
+        """Adopts a `swap_state` placed with `swap_shardings(mesh)`; the trainer runs on ``mesh`` from now on."""
+        if mesh is not None and mesh != self.mesh:
+            self.mesh = mesh
+            self._steps = _steps_for(self.graphdef, self.model_config, self.config, mesh)
+        self._trainable, self._opt_state, self._accum = state["trainable"], state["opt_state"], state["accum"]
+        self._reference = state.get("reference")
+        self._pending_micro_batches = int(state["pending_micro_batches"])
+        self.policy_version = int(state["policy_version"])
+        self._detached = False
+
+    _detached = False
+
+    def _check_attached(self) -> None:
+        if self._detached:
+            raise RuntimeError(f"agent {self.agent!r}: the trainer's state was handed over by swap_state(); "
+                               "load_swap_state() it back first")

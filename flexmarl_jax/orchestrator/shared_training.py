@@ -1,0 +1,180 @@
+"""Agents' trainers on S shared training slices: a trainer holds a slice only while its agent has work.
+
+`SharedTraining` wraps every agent's `AgentTrainer` in a `PooledTrainer` that the joint orchestrator uses
+in place of the trainer (same calls: accumulate, apply, params, policy_version, checkpoint_state). The
+agent's state (params, optimizer state, fp32 gradient accumulator, pending count) lives in a `StateStore`
+through a `TrainerResidency`:
+
+    activate()     leases a free slice (the agent's last one when free, so nothing moves), brings the state
+                   there (from host, or from the slice another agent's state was parked on) and binds the
+                   trainer to that slice's mesh (`AgentTrainer.load_swap_state`)
+    accumulate()   activates if needed, then adds the micro-batch's gradient; the slice stays held
+    release()      hands the state back to the store and frees the slice (the state stays parked on it
+                   until another agent needs the slice, then it is offloaded to host: device memory freed)
+    apply()        activate, optimizer step, release (no slice needed when nothing was accumulated)
+
+The dispatcher releases its agent's slice whenever the agent has nothing claimable, so with fewer slices
+than agents the slices go to whichever agents have micro-batches.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
+
+import jax
+import numpy as np
+from jax.sharding import Mesh
+
+from flexmarl_jax.orchestrator.allocation import TrainerResidency, TrainingSlicePool
+from flexmarl_jax.train.trainer import AgentTrainer
+from flexmarl_jax.transfer import StateStore
+
+logger = logging.getLogger(__name__)
+
+
+class PooledTrainer:
+    """One agent's trainer whose state moves between the pool's slices; a drop-in for `AgentTrainer`."""
+
+    def __init__(self, shared: SharedTraining, trainer: AgentTrainer):
+        self._shared, self._trainer = shared, trainer
+        self.agent = trainer.agent
+        self.model_config, self.config, self.graphdef = trainer.model_config, trainer.config, trainer.graphdef
+        self.policy_version = trainer.policy_version
+        self.pending_micro_batches = trainer.pending_micro_batches
+        self._active = None  # the residency's ActiveState while this agent holds a slice
+        self._lock = threading.RLock()  # the dispatcher thread and the orchestrator never overlap; cheap safety
+
+    # ----------------------------------------------------------------------------------- residency
+    @property
+    def active(self) -> bool:
+        return self._active is not None
+
+    @property
+    def mesh(self):
+        """The mesh of the slice this agent used last (checkpoint metadata)."""
+        return self._trainer.mesh
+
+    def activate(self) -> None:
+        """Blocks until a slice is leased to this agent and its state is on it (no-op when already active)."""
+        with self._lock:
+            if self._active is not None:
+                return
+            active = self._shared.residency.activate(self.agent, timeout=self._shared.acquire_timeout)
+            self._trainer.load_swap_state(active.state, mesh=active.mesh)
+            active.state = None  # the trainer holds the arrays while active
+            self._active = active
+
+    def release(self) -> None:
+        """Hands the state back to the store and frees the slice (no-op when not active)."""
+        with self._lock:
+            if self._active is None:
+                return
+            self._active = None
+            self._shared.residency.deactivate(self.agent, self._trainer.swap_state())
+
+    # ------------------------------------------------------------------------------- trainer calls
+    def accumulate(self, batch) -> None:
+        with self._lock:
+            self.activate()
+            self._trainer.accumulate(batch)
+            self.pending_micro_batches = self._trainer.pending_micro_batches
+
+    def apply(self, *, allow_empty: bool = False) -> dict[str, float]:
+        with self._lock:
+            if self.pending_micro_batches == 0 and not self.active:
+                if not allow_empty:
+                    raise RuntimeError(f"agent {self.agent!r}: apply() with no accumulated micro-batch "
+                                       "(pass allow_empty=True to only advance policy_version)")
+                self.policy_version += 1  # nothing to compute: no slice needed
+                return {}
+            self.activate()
+            try:
+                self._trainer.policy_version = self.policy_version
+                metrics = self._trainer.apply(allow_empty=allow_empty)
+                self.policy_version, self.pending_micro_batches = self._trainer.policy_version, 0
+                return metrics
+            finally:
+                self.release()
+
+    def discard_accumulated(self) -> None:
+        with self._lock:
+            if self.pending_micro_batches == 0 and not self.active:
+                return
+            self.activate()
+            try:
+                self._trainer.discard_accumulated()
+                self.pending_micro_batches = 0
+            finally:
+                self.release()
+
+    def accumulated_gradients(self):
+        """The fp32 gradient sum on the slice (only while active)."""
+        with self._lock:
+            if self._active is None:
+                raise RuntimeError(f"agent {self.agent!r} is suspended; its gradients are in the StateStore")
+            return self._trainer.accumulated_gradients()
+
+    @property
+    def params(self):
+        """A host copy (numpy leaves) of the policy parameters: safe to hold while the state moves."""
+        with self._lock:
+            if self._active is not None:
+                return jax.tree.map(np.asarray, self._trainer.params)
+            return jax.tree.map(np.asarray, self._shared.residency.read(self.agent)["trainable"]["policy"])
+
+    def checkpoint_state(self) -> dict:
+        """{"trainable", "opt_state"[, "reference"]} as stored (at an iteration boundary, not active)."""
+        with self._lock:
+            if self.pending_micro_batches or self._active is not None:
+                raise RuntimeError(f"agent {self.agent!r}: checkpoint at an iteration boundary, with the agent "
+                                   f"suspended ({self.pending_micro_batches} micro-batches pending)")
+            state = self._shared.residency.read(self.agent)
+            return {key: state[key] for key in ("trainable", "opt_state", "reference") if key in state}
+
+
+class SharedTraining:
+    """S training slices shared by any number of agents' trainers (agent-centric allocation).
+
+    trainers: agent -> AgentTrainer (any mesh; its state is registered and offloaded to host here, so the
+        trainer must not be used directly afterwards: use ``self.trainers[agent]``).
+    slice_meshes: one mesh per slice, over pairwise disjoint devices.
+    store: where suspended states live (default a new StateStore).
+    offload_tier: "host" or "storage" for suspended states. acquire_timeout: seconds an agent may wait for
+        a slice before TimeoutError (None: forever). clock: seconds for the pool's busy accounting.
+    """
+
+    def __init__(self, trainers: Mapping[str, AgentTrainer], slice_meshes: Sequence[Mesh], *,
+                 store: StateStore | None = None, offload_tier: str = "host",
+                 acquire_timeout: float | None = None, clock: Callable[[], float] = time.perf_counter):
+        self.clock, self.acquire_timeout = clock, acquire_timeout
+        self.pool = TrainingSlicePool(list(slice_meshes), clock=clock)
+        self.store = store if store is not None else StateStore()
+        self._inner = dict(trainers)
+        self.residency = TrainerResidency(
+            self.store, self.pool, offload_tier=offload_tier,
+            target_for=lambda agent, mesh: self._inner[agent].swap_shardings(mesh))
+        self.trainers: dict[str, PooledTrainer] = {}
+        for agent, trainer in self._inner.items():
+            self.trainers[agent] = PooledTrainer(self, trainer)
+            self.residency.register(agent, trainer.swap_state())  # starts suspended, on host
+        logger.info("agent-centric training: %d agents on %d slices", len(self._inner), self.pool.num_slices)
+
+    @property
+    def num_slices(self) -> int:
+        return self.pool.num_slices
+
+    def release_all(self) -> None:
+        for trainer in self.trainers.values():
+            trainer.release()
+
+    def stats(self) -> dict[str, Any]:
+        """The residency's move counts and seconds (cumulative over the run)."""
+        stats = self.residency.stats
+        return {"activations": stats.activations, "reused": stats.reused,
+                "moved_between_slices": stats.moved_between_slices, "swapped_in": stats.swapped_in,
+                "swapped_out": stats.swapped_out, "swap_in_s": stats.swap_in_seconds,
+                "swap_out_s": stats.swap_out_seconds}

@@ -1,0 +1,127 @@
+"""Agent-centric allocation through the real JointOrchestrator: 4 agents on 2 shared training slices train
+exactly like 4 agents on 4 dedicated meshes, and a suspended agent leaves nothing on the slice devices."""
+
+import gc
+
+import jax
+import numpy as np
+import pytest
+
+from flexmarl_jax.mesh.meshes import make_mesh
+from flexmarl_jax.metrics import Timeline
+from flexmarl_jax.models import presets
+from flexmarl_jax.models.tokenizer import CharTokenizer
+from flexmarl_jax.orchestrator.pipeline import JointOrchestrator, PipelineSettings
+from flexmarl_jax.orchestrator.shared_training import SharedTraining
+from flexmarl_jax.store import ExperienceStore
+from flexmarl_jax.train.algorithms import loss_config_for
+from flexmarl_jax.train.optim import OptimizerConfig
+from flexmarl_jax.train.trainer import AgentTrainer, TrainerConfig
+from flexmarl_jax.workflows import ArithmeticTask, SamplingParams, ScriptedAgent, ScriptedBackend, build_workflow
+from flexmarl_jax.workflows.oracles import PromptOracle, answer_policy
+from flexmarl_jax.workflows.scripted import long_tail_latency
+
+PROPOSERS = ("proposer0", "proposer1", "proposer2")
+AGENTS = (*PROPOSERS, "aggregator")
+QUERIES, SAMPLES, MICRO_BATCH = 4, 4, 8
+MAX_PROMPT, MAX_RESPONSE = 32, 6
+# Adam's eps well above float rounding: with eps=1e-8 a gradient that is zero up to rounding (its value
+# depends on how the iteration was cut into micro-batches, which follows thread timing) still moves a
+# parameter by ~lr, so even two static runs differ by ~1e-6. The moments still travel with every swap.
+OPTIMIZER = OptimizerConfig(name="adam", learning_rate=1e-2, eps=1e-4)
+ACCURACY = {"proposer0": 0.3, "proposer1": 0.5, "proposer2": 0.7, "aggregator": 0.6}
+
+
+def agent_meshes():
+    """One single-device mesh per agent; a pool of S slices takes the first S (shared compiled steps)."""
+    return [make_mesh(jax.devices()[i:i + 1], fsdp=1) for i in range(len(AGENTS))]
+
+
+def build(num_slices: int, *, latency=None):
+    """The mixture workflow (3 proposers -> aggregator) with scripted answers and real trainers and store.
+
+    num_slices: 0 = a dedicated mesh per agent (static binding), else that many shared slices.
+    """
+    meshes = agent_meshes()
+    loss = loss_config_for("grpo")
+    config = TrainerConfig(micro_batch_size=MICRO_BATCH, max_len=MAX_PROMPT + MAX_RESPONSE, loss=loss,
+                           optimizer=OPTIMIZER)
+    trainers = {agent: AgentTrainer(agent, presets.get_preset("tiny"), config, mesh=meshes[index], seed=index)
+                for index, agent in enumerate(AGENTS)}
+    shared = None
+    timeline = Timeline()
+    if num_slices:
+        shared = SharedTraining(trainers, meshes[:num_slices], acquire_timeout=60, clock=timeline.now)
+        trainers = shared.trainers
+    task = ArithmeticTask(max_digits=1, operators="+")
+    oracle = PromptOracle([p for s in range(200) for p in task.generate(QUERIES, seed=s)])
+    tokenizer = CharTokenizer()
+    backend = ScriptedBackend({a: ScriptedAgent(answer_policy(oracle, ACCURACY[a]), latency) for a in AGENTS},
+                              seed=0, encode=lambda text: tokenizer.encode(text, add_bos=False))
+    # No debug invariants: the checker keys samples by id alone, and the mixture's proposers share ids.
+    settings = PipelineSettings(mode="flexmarl", queries_per_iteration=QUERIES, samples_per_query=SAMPLES,
+                                micro_batch_size=MICRO_BATCH, max_response_length=MAX_RESPONSE, seed=0)
+    orchestrator = JointOrchestrator(
+        settings, trainers=trainers, store=ExperienceStore.open(None, agents=AGENTS, backend="memory"),
+        workflow=build_workflow("mixture", proposers=PROPOSERS, aggregator="aggregator"), task=task,
+        backend=backend, sync_weights=lambda agent, params, version: backend.set_policy_version(agent, version),
+        sampling={agent: SamplingParams(max_new_tokens=MAX_RESPONSE) for agent in AGENTS},
+        pad_id=CharTokenizer.PAD, aggregation=loss.aggregation, estimator=loss.advantage_estimator,
+        timeline=timeline, shared_training=shared)
+    return orchestrator, backend, shared
+
+
+def host_params(trainer) -> list[np.ndarray]:
+    return [np.asarray(leaf, np.float64) for leaf in jax.tree.leaves(trainer.params)]
+
+
+def relative_difference(a, b) -> float:
+    diff = sum(float(np.sum((x - y) ** 2)) for x, y in zip(a, b, strict=True))
+    return (diff / sum(float(np.sum(y ** 2)) for y in b)) ** 0.5
+
+
+def live_bytes_on(devices) -> int:
+    gc.collect()
+    return sum(a.nbytes for a in jax.live_arrays() if not a.is_deleted() and a.devices() & devices)
+
+
+def train(num_slices: int, iterations: int = 2):
+    orchestrator, backend, shared = build(num_slices, latency=long_tail_latency(0.002, 0.05, 0.2))
+    initial = {agent: host_params(t) for agent, t in orchestrator.trainers.items()}
+    records = []
+    try:
+        for iteration in range(iterations):
+            records.append(orchestrator.run_iteration(iteration))
+    finally:
+        backend.shutdown()
+    final = {agent: host_params(t) for agent, t in orchestrator.trainers.items()}
+    return orchestrator, shared, records, initial, final
+
+
+@pytest.mark.timeout(180)
+def test_four_agents_on_two_slices_match_dedicated_meshes_and_suspend_frees_the_slices():
+    _, _, static_records, initial, on_four = train(0)
+    slice_devices = frozenset().union(*(set(m.devices.flat) for m in agent_meshes()[:2]))
+    baseline = live_bytes_on(slice_devices)
+
+    orchestrator, shared, records, initial_two, on_two = train(2)
+    for agent in AGENTS:
+        assert orchestrator.trainers[agent].policy_version == 2
+        assert relative_difference(initial_two[agent], initial[agent]) == 0.0  # same seeds, same start
+        assert relative_difference(on_two[agent], initial[agent]) > 1e-3  # training changed the params
+        assert relative_difference(on_two[agent], on_four[agent]) < 1e-6, agent
+        assert all(record["agent"][agent]["samples"] == QUERIES * SAMPLES for record in records)
+    # 4 agents on 2 slices: states were swapped in from host, and a swapped-out agent resumed with its
+    # accumulated gradients (the parameters above match, so nothing was lost in between).
+    stats = records[-1]["train_pool"]
+    assert stats["slices"] == 2 and stats["agents"] == 4
+    assert stats["swapped_in"] > len(AGENTS) and stats["swapped_out"] > 0
+    assert 0 < stats["utilization"] <= 1 and 0 < stats["held"] <= 1
+    assert static_records[-1]["train_pool"]["slices"] == 4
+
+    # Released agents stay parked on their slice; suspending them frees every byte on the slice devices.
+    parked = [agent for agent in AGENTS if shared.residency.location(agent)[0] == "device"]
+    assert parked and live_bytes_on(slice_devices) > baseline
+    shared.residency.suspend_all()
+    assert all(shared.residency.location(agent) == ("host", None) for agent in AGENTS)
+    assert live_bytes_on(slice_devices) == baseline
