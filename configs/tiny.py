@@ -24,7 +24,7 @@ def get_config(variant: str | None = None) -> ml_collections.ConfigDict:
     config = ml_collections.ConfigDict()
     config.seed = 0  # one seed drives task generation, parameter init, sampling and shuffling
     config.workdir = "runs/tiny"  # metrics.jsonl, plots, checkpoints and the store live here
-    config.iterations = 100  # RL iterations (one policy update per agent each)
+    config.iterations = 200  # RL iterations (one policy update per agent each)
 
     config.agents = ml_collections.ConfigDict()  # one entry per agent, keyed by its name
     for name in AGENT_NAMES:
