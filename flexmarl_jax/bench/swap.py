@@ -19,6 +19,8 @@ Three measurements, one run:
    trainer state (params + Adam moments), and slices are leased through the real `TrainingSlicePool`.
    Static binding = one slice per agent; on-demand = --pool-slices shared slices (fewer than agents).
    Utilization = compute seconds / (slices x wall seconds).
+4. orchestrator_utilization_on_demand / _static: the same comparison through the real JointOrchestrator
+   (mesh.train_slices shared slices vs one per agent; see bench/swap_orchestrated.py).
 """
 
 from __future__ import annotations
@@ -32,6 +34,8 @@ import statistics
 import tempfile
 import time
 from collections import deque
+
+from flexmarl_jax.bench import swap_orchestrated
 
 AGENT_SHARES = {"solver": 1.0, "verifier": 1.0, "corrector": 0.3}  # fraction of trajectories per agent
 CHAIN = ("solver", "verifier", "corrector")
@@ -446,6 +450,8 @@ def print_tables(result: dict) -> None:
     console.print(utilization)
     console.print(f"on-demand / static utilization: "
                   f"{result['utilization_on_demand'] / result['utilization_static']:.2f}x")
+    if "orchestrator_utilization" in result:
+        swap_orchestrated.add_table(console, result)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -465,6 +471,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--rollout-ratio", type=float, default=10.0,
                         help="median rollout stage time / measured micro-batch step time")
     parser.add_argument("--seed", type=int, default=0)
+    swap_orchestrated.add_arguments(parser)
     args = parser.parse_args(argv)
     if not 1 <= args.pool_slices <= len(CHAIN):
         parser.error(f"--pool-slices={args.pool_slices} must be in 1..{len(CHAIN)} "
@@ -475,6 +482,8 @@ def main(argv: list[str] | None = None) -> int:
     result = measure_packing(args.repeats)
     result.update(measure_swaps(args.max_params, args.storage_max_params, max(1, args.repeats // 5)))
     result.update(measure_utilization(args))
+    if args.orchestrator_iterations > 0:
+        result.update(swap_orchestrated.measure_orchestrator_utilization(args))
     result["seconds"] = time.perf_counter() - started
     print_tables(result)
     if args.json:
