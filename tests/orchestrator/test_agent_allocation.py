@@ -13,10 +13,12 @@ from flexmarl_jax.models import presets
 from flexmarl_jax.models.tokenizer import CharTokenizer
 from flexmarl_jax.orchestrator.pipeline import JointOrchestrator, PipelineSettings
 from flexmarl_jax.orchestrator.shared_training import SharedTraining
+from flexmarl_jax.orchestrator.weight_sync import StoreWeightSync
 from flexmarl_jax.store import ExperienceStore
 from flexmarl_jax.train.algorithms import loss_config_for
 from flexmarl_jax.train.optim import OptimizerConfig
 from flexmarl_jax.train.trainer import AgentTrainer, TrainerConfig
+from flexmarl_jax.transfer import StateStore
 from flexmarl_jax.workflows import ArithmeticTask, SamplingParams, ScriptedAgent, ScriptedBackend, build_workflow
 from flexmarl_jax.workflows.oracles import PromptOracle, answer_policy
 from flexmarl_jax.workflows.scripted import long_tail_latency
@@ -119,9 +121,40 @@ def test_four_agents_on_two_slices_match_dedicated_meshes_and_suspend_frees_the_
     assert 0 < stats["utilization"] <= 1 and 0 < stats["held"] <= 1
     assert static_records[-1]["train_pool"]["slices"] == 4
 
+    with pytest.raises(RuntimeError, match="handed over by swap_state"):
+        _ = shared._inner["aggregator"].params  # the wrapped trainer gave its state to the store
+
     # Released agents stay parked on their slice; suspending them frees every byte on the slice devices.
     parked = [agent for agent in AGENTS if shared.residency.location(agent)[0] == "device"]
     assert parked and live_bytes_on(slice_devices) > baseline
     shared.residency.suspend_all()
     assert all(shared.residency.location(agent) == ("host", None) for agent in AGENTS)
     assert live_bytes_on(slice_devices) == baseline
+
+
+def test_weight_sync_goes_through_the_state_store_onto_the_rollout_shardings():
+    from jax.sharding import NamedSharding
+    from jax.sharding import PartitionSpec as P
+
+    train_mesh = make_mesh(jax.devices()[:2], fsdp=2)
+    rollout_mesh = make_mesh(jax.devices()[4:8], fsdp=4)
+    rng = np.random.default_rng(0)
+    params = {"w": jax.device_put(rng.standard_normal((8, 4)).astype(np.float32), NamedSharding(train_mesh, P("fsdp"))),
+              "b": jax.device_put(np.arange(4, dtype=np.float32), NamedSharding(train_mesh, P()))}
+    target = {"w": NamedSharding(rollout_mesh, P("fsdp")), "b": NamedSharding(rollout_mesh, P())}
+    pushed = []
+    store = StateStore()
+    sync = StoreWeightSync(store, lambda agent, value, version: pushed.append((agent, value, version)),
+                           target_for=lambda agent: target)
+    sync("solver", params, 3)
+    (agent, value, version), = pushed
+    assert (agent, version, sync.synced) == ("solver", 3, {"solver": 3})
+    for name in params:
+        assert value[name].sharding.is_equivalent_to(target[name], value[name].ndim)
+        np.testing.assert_array_equal(np.asarray(value[name]), np.asarray(params[name]))
+        assert not params[name].is_deleted()  # the trainer's arrays are never freed by a sync
+    # The store keeps the rollout copy, not the trainer's arrays (a trainer swap-out can free its slice).
+    served = sync.served("solver")
+    assert all(served[name] is value[name] for name in params)
+    with pytest.raises(KeyError, match="no value stored under key 'weights/verifier'"):
+        sync.served("verifier")
