@@ -25,8 +25,9 @@ class ConsistencyChecker:
         self.max_staleness = max_staleness
         self._lock = threading.Lock()
         self._synced_version: dict[str, int] = {}
-        self._generated: dict[str, dict[str, int]] = {}
-        self._trained_count: collections.Counter[str] = collections.Counter()
+        # Keyed by (agent, sample_id): agents of one workflow may share sample ids (e.g. mixture proposers).
+        self._generated: dict[tuple[str, str], dict[str, int]] = {}
+        self._trained_count: collections.Counter[tuple[str, str]] = collections.Counter()
         self.checks = 0
 
     def weights_synced(self, agent: str, version: int) -> None:
@@ -47,14 +48,14 @@ class ConsistencyChecker:
                     raise InvariantViolation(
                         f"sample {sample_id} ({agent}) used {dependency} version {version} before that version "
                         f"reached rollout (synced: {synced})")
-            self._generated[sample_id] = dict(versions)
+            self._generated[(agent, sample_id)] = dict(versions)
 
     def trained(self, sample_ids: Iterable[str], agent: str, current_versions: Mapping[str, int]) -> None:
         """Gradients of these samples are being computed while agents are at `current_versions`."""
         with self._lock:
             for sample_id in sample_ids:
                 self.checks += 1
-                versions = self._generated.get(sample_id)
+                versions = self._generated.get((agent, sample_id))
                 if versions is None:
                     raise InvariantViolation(f"{agent} trained on unknown sample {sample_id}")
                 for dependency, version in versions.items():
@@ -63,23 +64,25 @@ class ConsistencyChecker:
                         raise InvariantViolation(
                             f"{agent} trained sample {sample_id} generated under {dependency} version {version} "
                             f"at version {current_versions[dependency]} (max_staleness={self.max_staleness})")
-                self._trained_count[sample_id] += 1
-                if self._trained_count[sample_id] > 1:
-                    raise InvariantViolation(f"sample {sample_id} trained {self._trained_count[sample_id]} times")
+                self._trained_count[(agent, sample_id)] += 1
+                if self._trained_count[(agent, sample_id)] > 1:
+                    raise InvariantViolation(f"sample {sample_id} of {agent} trained "
+                                             f"{self._trained_count[(agent, sample_id)]} times")
 
-    def dropped(self, sample_ids: Iterable[str]) -> None:
+    def dropped(self, sample_ids: Iterable[str], agent: str) -> None:
         """Samples discarded as too stale: they must never be trained afterwards."""
         with self._lock:
             for sample_id in sample_ids:
-                if self._trained_count[sample_id]:
-                    raise InvariantViolation(f"sample {sample_id} was dropped after being trained")
-                self._trained_count[sample_id] = 1  # accounted for: never trainable again
-                self._generated.pop(sample_id, None)
+                key = (agent, sample_id)
+                if self._trained_count[key]:
+                    raise InvariantViolation(f"sample {sample_id} of {agent} was dropped after being trained")
+                self._trained_count[key] = 1  # accounted for: never trainable again
+                self._generated.pop(key, None)
 
     def untrained(self) -> list[str]:
-        """Generated samples not yet trained or dropped."""
+        """Generated samples ("agent/sample_id") not yet trained or dropped."""
         with self._lock:
-            return sorted(s for s in self._generated if not self._trained_count[s])
+            return sorted(f"{a}/{s}" for a, s in self._generated if not self._trained_count[(a, s)])
 
     def check_all_consumed(self) -> None:
         """At the end of a strict iteration every generated sample has been trained exactly once."""

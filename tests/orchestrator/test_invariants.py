@@ -42,7 +42,7 @@ def test_staleness_bound_and_drops():
     checker.weights_synced("a", 2)
     with pytest.raises(InvariantViolation, match="max_staleness=1"):
         checker.trained(["s"], "a", {"a": 2, "b": 0})
-    checker.dropped(["s"])
+    checker.dropped(["s"], "a")
     assert checker.untrained() == []
 
 
@@ -52,6 +52,15 @@ def test_rollout_cannot_use_unsynced_weights():
         checker.generated("s", "a", {"a": 1})
     with pytest.raises(InvariantViolation, match="went back"):
         checker.weights_synced("a", -1)
+
+
+def test_agents_may_share_sample_ids():
+    checker = _checker()
+    checker.generated("q_0_0", "a", {"a": 0})
+    checker.generated("q_0_0", "b", {"b": 0})
+    checker.trained(["q_0_0"], "a", {"a": 0, "b": 0})
+    checker.trained(["q_0_0"], "b", {"a": 0, "b": 0})
+    checker.check_all_consumed()
 
 
 def test_unconsumed_samples_fail_the_iteration():

@@ -68,7 +68,7 @@ def test_stale_mode_never_trains_beyond_the_bound(orchestrator_factory):
 
     def spy(sample_ids, agent, current):
         for sample_id in sample_ids:
-            generated = orchestrator.checker._generated[sample_id]
+            generated = orchestrator.checker._generated[(agent, sample_id)]
             lags.append(max(current[a] - v for a, v in generated.items()))
         original(sample_ids, agent, current)
 
@@ -86,6 +86,7 @@ def test_the_checker_catches_a_sample_trained_under_the_wrong_version(orchestrat
     # pretend the solver's rows were generated one version earlier than they were
     checker = orchestrator.checker
     checker._generated = {k: {a: v - 1 for a, v in d.items()} for k, d in checker._generated.items()}
+    agent, sample_id = next(iter(checker._generated))
     with pytest.raises(InvariantViolation, match="max_staleness=0"):
-        checker.trained([next(iter(checker._generated))], "solver", orchestrator.versions())
+        checker.trained([sample_id], agent, orchestrator.versions())
     time.sleep(0)
