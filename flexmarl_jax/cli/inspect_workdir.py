@@ -2,18 +2,15 @@
 
 from __future__ import annotations
 
-import json
 import os
 
 
 def _metrics_summary(workdir: str) -> str:
-    path = os.path.join(workdir, "metrics.jsonl")
-    if not os.path.isfile(path):
-        return "metrics: none (no metrics.jsonl)"
-    with open(path) as handle:
-        rows = [json.loads(line) for line in handle if line.strip()]
+    from flexmarl_jax.metrics.writer import read_metrics
+
+    rows = read_metrics(workdir)
     if not rows:
-        return "metrics: metrics.jsonl is empty"
+        return "metrics: none (no metrics.jsonl, or it is empty)"
     first, last = rows[0], rows[-1]
     return (f"metrics: {len(rows)} iterations; team_accuracy {first.get('team_accuracy')} -> "
             f"{last.get('team_accuracy')}; last e2e_s {last.get('e2e_s')}")
