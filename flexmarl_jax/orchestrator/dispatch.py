@@ -111,12 +111,12 @@ class AgentDispatcher:
                 max_staleness=self.max_staleness, columns=CLAIM_COLUMNS,
                 allow_partial=finished or self.variable_groups, timeout=0 if finished else poll_s)
             if rows is not None and self.variable_groups and not finished and len(rows) < self.micro_batch_size:
-                if self.store.counters(self.agent)["ready"] < self.micro_batch_size:
-                    self.store.release(rows)  # too few yet: wait for a fuller micro-batch
-                    if self.slot is not None:
-                        self.slot.release()
-                    rollout_done.wait(poll_s)
-                    continue
+                # A partial claim took every complete group there is: wait for a fuller micro-batch.
+                self.store.release(rows)
+                if self.slot is not None:
+                    self.slot.release()
+                rollout_done.wait(poll_s)
+                continue
             if rows is None:
                 if self.slot is not None:
                     self.slot.release()  # nothing claimable now: another agent may use the slice
