@@ -18,10 +18,10 @@ from __future__ import annotations
 
 import dataclasses
 import logging
-import threading
 from typing import Any
 
 from flexmarl_jax.metrics import INSTANCES, QUEUE_LENGTH, Timeline
+from flexmarl_jax.rollout.periodic import PeriodicThread
 from flexmarl_jax.rollout.router import DRAINING, LOADING, SERVING, RequestRouter
 
 logger = logging.getLogger(__name__)
@@ -82,8 +82,7 @@ class InstanceBalancer:
         self.timeline = timeline
         self.moves: list[PlannedMove] = []
         self._last_recorded: dict[tuple[str, str], int] = {}
-        self._stop = threading.Event()
-        self._thread: threading.Thread | None = None
+        self._poller = PeriodicThread("instance-balancer", poll_interval_s, self._tick)
         if timeline is not None:
             router.add_migration_listener(self._record_migration)
         self.record_gauges()
@@ -152,23 +151,13 @@ class InstanceBalancer:
 
     # ------------------------------------------------------------------ thread
     def start(self) -> InstanceBalancer:
-        if self._thread is None:
-            self._stop.clear()
-            self._thread = threading.Thread(target=self._run, name="instance-balancer", daemon=True)
-            self._thread.start()
+        self._poller.start()
         return self
 
     def stop(self) -> None:
-        self._stop.set()
-        if self._thread is not None:
-            self._thread.join(5.0)
-            self._thread = None
+        self._poller.stop()
         self.record_gauges()
 
-    def _run(self) -> None:
-        while not self._stop.wait(self.poll_interval_s):
-            try:
-                self.poll_once()
-                self.router.check_timeouts()
-            except Exception:  # noqa: BLE001 - keep balancing; the error is logged
-                logger.exception("balancer poll failed")
+    def _tick(self) -> None:
+        self.poll_once()
+        self.router.check_timeouts()

@@ -39,6 +39,7 @@ from typing import Any
 from flexmarl_jax.rollout.backend import EngineBackend
 from flexmarl_jax.rollout.engine import SlotSampling, pad_prompt
 from flexmarl_jax.rollout.loop import RolloutRequest, SequenceResult
+from flexmarl_jax.rollout.periodic import PeriodicThread
 from flexmarl_jax.workflows.generation import Completion, GenerationRequest
 
 logger = logging.getLogger(__name__)
@@ -532,27 +533,15 @@ class TimeoutMonitor:
 
     def __init__(self, router: RequestRouter, interval_s: float = 0.1):
         self.router, self.interval_s = router, interval_s
-        self._stop = threading.Event()
-        self._thread: threading.Thread | None = None
+        self._checker = PeriodicThread("router-timeouts", interval_s, router.check_timeouts)
 
     def start(self) -> TimeoutMonitor:
-        if self.router.timeout_s is not None and self._thread is None:
-            self._thread = threading.Thread(target=self._run, name="router-timeouts", daemon=True)
-            self._thread.start()
+        if self.router.timeout_s is not None:
+            self._checker.start()
         return self
 
     def stop(self) -> None:
-        self._stop.set()
-        if self._thread is not None:
-            self._thread.join(5.0)
-            self._thread = None
-
-    def _run(self) -> None:
-        while not self._stop.wait(self.interval_s):
-            try:
-                self.router.check_timeouts()
-            except Exception:  # noqa: BLE001 - keep watching; the error is logged
-                logger.exception("timeout check failed")
+        self._checker.stop()
 
 
 class RoutedBackend(EngineBackend):
