@@ -25,12 +25,13 @@ from __future__ import annotations
 
 import argparse
 import concurrent.futures
-import json
 import logging
 import os
 import statistics
 import time
 from typing import Any
+
+from flexmarl_jax.bench._output import write_json
 
 logger = logging.getLogger(__name__)
 
@@ -250,9 +251,5 @@ def main(argv: list[str] | None = None) -> int:
         console.print(f"rollout_speedup_from_balancing (paced, {args.pace_ms:g} ms steps): "
                       f"{result['rollout_speedup_from_balancing_paced']:.3f} (unbalanced "
                       f"{median['unbalanced_paced']:.2f} s / balanced {median['balanced_paced']:.2f} s)")
-    if args.json:
-        from flexmarl_jax.metrics import to_jsonable
-
-        with open(args.json, "w") as handle:
-            json.dump(to_jsonable(result), handle, indent=1)
+    write_json(args.json, result)
     return 0

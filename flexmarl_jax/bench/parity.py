@@ -16,12 +16,13 @@ The helpers are importable; tests/models use them with their own thresholds.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import tempfile
 import time
 
 import numpy as np
+
+from flexmarl_jax.bench._output import write_json
 
 THRESHOLDS = {
     "qwen2_max_abs_diff": 1e-4,
@@ -284,9 +285,7 @@ def main(argv: list[str] | None = None) -> int:
     seconds = time.perf_counter() - start
     result["seconds"] = seconds
     _print_table(result, seconds)
-    if args.json:
-        with open(args.json, "w") as f:
-            json.dump(result, f, indent=2)
+    write_json(args.json, result)
     failed = [k for k, bound in THRESHOLDS.items() if bound is not None and not result[k] < bound]
     if failed:
         print(f"above bound: {failed}")

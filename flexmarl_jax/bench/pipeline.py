@@ -39,7 +39,6 @@ import argparse
 import concurrent.futures
 import contextlib
 import dataclasses
-import json
 import logging
 import math
 import os
@@ -49,6 +48,8 @@ import time
 import zlib
 from collections.abc import Mapping
 from typing import Any
+
+from flexmarl_jax.bench._output import write_json
 
 logger = logging.getLogger(__name__)
 
@@ -603,9 +604,5 @@ def main(argv: list[str] | None = None) -> int:
     result["seed"] = args.seed
     result["bench_wall_s"] = time.perf_counter() - started
     print_table(result, workload)
-    if args.json:
-        from flexmarl_jax.metrics import to_jsonable
-
-        with open(args.json, "w") as handle:
-            json.dump(to_jsonable(result), handle, indent=1)
+    write_json(args.json, result)
     return 0

@@ -21,12 +21,13 @@ per request, and steps per run.
 from __future__ import annotations
 
 import argparse
-import json
 import statistics
 import tempfile
 import time
 
 import numpy as np
+
+from flexmarl_jax.bench._output import write_json
 
 
 def _build_prompts(tokenizer, count: int, seed: int, max_chars: int) -> list[tuple[int, ...]]:
@@ -276,9 +277,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     result = run(args)
     _print_table(result)
-    if args.json:
-        with open(args.json, "w") as f:
-            json.dump(result, f, indent=2)
+    write_json(args.json, result)
     return 0
 
 

@@ -21,13 +21,13 @@ from __future__ import annotations
 
 import argparse
 import collections
-import json
 import tempfile
 import threading
 import time
 
 import numpy as np
 
+from flexmarl_jax.bench._output import write_json
 from flexmarl_jax.store import ExperienceStore
 
 PROMPT_TOKENS = 64
@@ -194,9 +194,7 @@ def main(argv: list[str] | None = None) -> int:
             {f"file_{k}": v for k, v in run_backend("file", args.file_rows, args, workdir).items()}
         )
     print_table(results)
-    if args.json:
-        with open(args.json, "w") as handle:
-            json.dump(results, handle, indent=1)
+    write_json(args.json, results)
     return (
         0
         if results["lost_rows"]

@@ -20,7 +20,7 @@ Three measurements, one run:
    Static binding = one slice per agent; on-demand = --pool-slices shared slices (fewer than agents).
    Utilization = compute seconds / (slices x wall seconds).
 4. orchestrator_utilization_on_demand / _static: the same comparison through the real JointOrchestrator
-   (mesh.train_slices shared slices vs one per agent; see bench/swap_orchestrated.py).
+   (mesh.train_slices shared slices vs one per agent; see bench/_swap_orchestrated.py).
 """
 
 from __future__ import annotations
@@ -28,14 +28,14 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import heapq
-import json
 import os
 import statistics
 import tempfile
 import time
 from collections import deque
 
-from flexmarl_jax.bench import swap_orchestrated
+from flexmarl_jax.bench import _swap_orchestrated
+from flexmarl_jax.bench._output import write_json
 
 AGENT_SHARES = {"solver": 1.0, "verifier": 1.0, "corrector": 0.3}  # fraction of trajectories per agent
 CHAIN = ("solver", "verifier", "corrector")
@@ -451,7 +451,7 @@ def print_tables(result: dict) -> None:
     console.print(f"on-demand / static utilization: "
                   f"{result['utilization_on_demand'] / result['utilization_static']:.2f}x")
     if "orchestrator_utilization" in result:
-        swap_orchestrated.add_table(console, result)
+        _swap_orchestrated.add_table(console, result)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -471,7 +471,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--rollout-ratio", type=float, default=10.0,
                         help="median rollout stage time / measured micro-batch step time")
     parser.add_argument("--seed", type=int, default=0)
-    swap_orchestrated.add_arguments(parser)
+    _swap_orchestrated.add_arguments(parser)
     args = parser.parse_args(argv)
     if not 1 <= args.pool_slices <= len(CHAIN):
         parser.error(f"--pool-slices={args.pool_slices} must be in 1..{len(CHAIN)} "
@@ -483,12 +483,10 @@ def main(argv: list[str] | None = None) -> int:
     result.update(measure_swaps(args.max_params, args.storage_max_params, max(1, args.repeats // 5)))
     result.update(measure_utilization(args))
     if args.orchestrator_iterations > 0:
-        result.update(swap_orchestrated.measure_orchestrator_utilization(args))
+        result.update(_swap_orchestrated.measure_orchestrator_utilization(args))
     result["seconds"] = time.perf_counter() - started
     print_tables(result)
-    if args.json:
-        with open(args.json, "w") as handle:
-            json.dump(result, handle, indent=1)
+    write_json(args.json, result)
     return 0
 
 

@@ -17,12 +17,13 @@ Measured side by side in one process on the same data and initial weights:
 from __future__ import annotations
 
 import argparse
-import json
 import logging
 import statistics
 import time
 
 import numpy as np
+
+from flexmarl_jax.bench._output import write_json
 
 logger = logging.getLogger(__name__)
 
@@ -186,7 +187,5 @@ def main(argv: list[str] | None = None) -> int:
         parser.error(f"--batch={args.batch} must be divisible by 8 (k up to 8 micro-batches)")
     results = run(args)
     _print(results)
-    if args.json:
-        with open(args.json, "w") as f:
-            json.dump(results, f, indent=2)
+    write_json(args.json, results)
     return 0

@@ -19,10 +19,10 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import json
 import statistics
 import sys
 
+from flexmarl_jax.bench._output import write_json
 from flexmarl_jax.workflows.builtin import build_workflow
 from flexmarl_jax.workflows.executor import RunResult, WorkflowExecutor
 from flexmarl_jax.workflows.oracles import PromptOracle, answer_policy, chain_policies
@@ -169,7 +169,5 @@ def main(argv: list[str] | None = None) -> int:
             return 2
     result = run(args)
     print_report(result)
-    if args.json:
-        with open(args.json, "w") as handle:
-            json.dump(result, handle, indent=2)
+    write_json(args.json, result)
     return 0
