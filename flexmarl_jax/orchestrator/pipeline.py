@@ -76,9 +76,9 @@ def conditional_agents(workflow: Workflow) -> set[str]:
 class _Rollout:
     """One iteration's workflow execution on a background thread."""
 
-    def __init__(self, iteration: int, versions: Mapping[str, int], sink: StoreSink, executor: WorkflowExecutor,
+    def __init__(self, iteration: int, sink: StoreSink, executor: WorkflowExecutor,
                  problems: Sequence[Any], timeline: Timeline):
-        self.iteration, self.versions, self.sink = iteration, dict(versions), sink
+        self.iteration, self.sink = iteration, sink
         self.done = threading.Event()
         self.result: RunResult | None = None
         self.error: BaseException | None = None
@@ -115,8 +115,9 @@ class JointOrchestrator:
       pad_id: the tokenizer's pad id (micro-batch padding).
       sampling: agent -> SamplingParams for rollout (seeds are derived per iteration).
       aggregation, estimator: the loss aggregation and advantage estimator of the algorithm.
-      on_update_applied: called with the iteration after every agent applied its update and before the
-        iteration's rows are marked consumed (run.py checkpoints there, so a crash never loses a sample).
+      on_update_applied: called with (iteration, metrics record) after every agent applied its update and
+        before the iteration's rows are marked consumed (run.py checkpoints there, so a crash never loses a
+        sample, and keeps the record with the checkpoint, so a crash never loses an iteration's metrics).
       shared_training: agent-centric allocation (`shared_training.SharedTraining`); ``trainers`` are then its
         PooledTrainers, which hold one of its slices only while their agent has a micro-batch.
     """
@@ -125,8 +126,7 @@ class JointOrchestrator:
                  workflow: Workflow, task: Task, backend: GenerationBackend,
                  sync_weights: Callable[[str, Any, int], None], sampling: Mapping[str, SamplingParams],
                  pad_id: int, aggregation: str, estimator: str, timeline: Timeline | None = None,
-                 calls_per_trajectory: Mapping[str, int] | None = None,
-                 on_update_applied: Callable[[int], None] | None = None,
+                 on_update_applied: Callable[[int, dict], None] | None = None,
                  shared_training: SharedTraining | None = None):
         self.settings = settings
         self.shared_training = shared_training
@@ -138,7 +138,7 @@ class JointOrchestrator:
         self.timeline = timeline or Timeline()
         self.checker = ConsistencyChecker(settings.max_staleness) if settings.debug_invariants else None
         self.pad_id, self.aggregation, self.estimator = pad_id, aggregation, estimator
-        calls = calls_per_trajectory or collections.Counter(node.agent for node in workflow.nodes.values())
+        calls = collections.Counter(node.agent for node in workflow.nodes.values())  # calls per trajectory
         self._conditional = conditional_agents(workflow)
         self.normalizers = {}
         for agent in self.trainers:
@@ -186,7 +186,6 @@ class JointOrchestrator:
         return problems
 
     def _start_rollout(self, iteration: int, *, hold_rows: bool) -> _Rollout:
-        versions = dict(self._synced)
         on_generated = None
         if self.checker is not None:
             on_generated = lambda record, deps: self.checker.generated(record.sample_id, record.agent, deps)  # noqa: E731
@@ -199,7 +198,7 @@ class JointOrchestrator:
             self.workflow, self.backend, self.task, samples_per_query=self.settings.samples_per_query,
             sampling=sampling, mode="dependency", max_concurrent_queries=1 if serial else None,
             group_root_requests=not serial)  # parallel sampling: one prefill for a query's n samples
-        return _Rollout(iteration, versions, sink, executor, self.problems_for(iteration), self.timeline)
+        return _Rollout(iteration, sink, executor, self.problems_for(iteration), self.timeline)
 
     # ------------------------------------------------------------------------------------------ training
     def _dispatchers(self) -> dict[str, AgentDispatcher]:
@@ -282,14 +281,16 @@ class JointOrchestrator:
             for dispatcher in dispatchers.values():
                 dispatcher.release_all()
             raise
+        claimed = {agent: sum(len(rows) for rows in dispatcher.claimed) for agent, dispatcher in dispatchers.items()}
+        record = self._record(iteration, t0, rollout, result, stats, train_metrics, claimed)
+        record["train_pool"] = self._train_pool_record(t0, self.timeline.now(), pool_t0)
         if self.on_update_applied is not None:
-            self.on_update_applied(iteration)  # e.g. checkpoint: before rows count as consumed
-        consumed = {agent: dispatcher.commit() for agent, dispatcher in dispatchers.items()}
+            self.on_update_applied(iteration, record)  # e.g. checkpoint: before rows count as consumed
+        for dispatcher in dispatchers.values():
+            dispatcher.commit()
         if self.checker is not None and settings.max_staleness == 0:
             self.checker.check_all_consumed()
         self.sync_all()
-        record = self._record(iteration, t0, rollout, result, stats, train_metrics, consumed)
-        record["train_pool"] = self._train_pool_record(t0, self.timeline.now(), pool_t0)
         return record
 
     def _apply_all(self) -> dict[str, dict]:

@@ -39,6 +39,7 @@ from flexmarl_jax.workflows import SamplingParams, build_workflow_for_agents, re
 logger = logging.getLogger(__name__)
 
 CHECKPOINT_DIR = "checkpoints"
+PENDING_RECORD = "pending_record.json"  # the metrics record of the iteration being checkpointed
 
 
 def build_trainers(config: ml_collections.ConfigDict, layout, *, micro_batch_size: int | None = None,
@@ -127,7 +128,7 @@ def build_orchestrator(config: ml_collections.ConfigDict, *, timeline: metrics.T
         settings, trainers=trainers, store=store, workflow=workflow, task=task, backend=rollout.backend,
         sync_weights=sync_weights, sampling=sampling_for(config), pad_id=tokenizer.pad_id,
         aggregation=loss.aggregation, estimator=loss.advantage_estimator, timeline=timeline,
-        on_update_applied=lambda iteration: save_all(trainers, checkpoint_root, max_to_keep=2),
+        on_update_applied=lambda iteration, record: _checkpoint(trainers, config.workdir, record),
         shared_training=shared)
     return orchestrator, trainers, store, rollout, start
 
@@ -144,6 +145,29 @@ def training_slice_meshes(config: ml_collections.ConfigDict, layout, train_slice
                          f"{train_slices * per_slice} devices; {len(free)} are left after the rollout instances")
     return [make_mesh(free[i * per_slice:(i + 1) * per_slice], fsdp=per_slice // config.mesh.tp, tp=config.mesh.tp)
             for i in range(train_slices)]
+
+
+def _checkpoint(trainers, workdir: str, record: dict) -> None:
+    """After an iteration's update: its metrics record, then every agent's state. The record goes first, so
+    that a run killed after the checkpoint but before metrics.jsonl still has it (see _recover_pending_record)."""
+    path = os.path.join(workdir, PENDING_RECORD)
+    with open(path + ".tmp", "w") as handle:
+        json.dump(metrics.to_jsonable(record), handle)
+    os.replace(path + ".tmp", path)
+    save_all(trainers, os.path.join(workdir, CHECKPOINT_DIR), max_to_keep=2)
+
+
+def _recover_pending_record(workdir: str, writer: metrics.MetricsWriter, start: int) -> None:
+    """Writes the record of an iteration whose checkpoint exists but whose metrics line was never written;
+    a record of an iteration that is about to be redone (no checkpoint) is discarded."""
+    path = os.path.join(workdir, PENDING_RECORD)
+    if not os.path.isfile(path):
+        return
+    with open(path) as handle:
+        record = json.load(handle)
+    if record["iteration"] < start:
+        writer.write(record)
+    os.remove(path)
 
 
 def _common_checkpoint_version(root: str, agents) -> int | None:
@@ -206,6 +230,7 @@ def run_training(config: ml_collections.ConfigDict) -> int:
     timeline = orchestrator.timeline
     orchestrator.set_horizon(config.iterations)
     writer = metrics.MetricsWriter(workdir)
+    _recover_pending_record(workdir, writer, start)
     try:
         with metrics.IterationProgress(total=config.iterations, initial=start) as progress:
             for iteration in range(start, config.iterations):
@@ -218,6 +243,7 @@ def run_training(config: ml_collections.ConfigDict) -> int:
                 record["e2e_s"] = t1 - t0
                 record["utilization"] = timeline.utilization_report(t0, t1)
                 writer.write(record)
+                os.remove(os.path.join(workdir, PENDING_RECORD))
                 timeline.save(workdir)
                 progress.advance(record)
     finally:

@@ -58,8 +58,6 @@ class StoreSink:
         self._stopping = False
         self._flushing = False
         self._error: BaseException | None = None
-        self.rows_appended: collections.Counter[str] = collections.Counter()
-        self.store_calls = 0
         self._writer = threading.Thread(target=self._write_loop, name="store-sink", daemon=True)
         self._writer.start()
 
@@ -202,5 +200,3 @@ class StoreSink:
                     "advantage": advantages,
                 },
             )
-            self.store_calls += 1
-            self.rows_appended[agent] += len(records)

@@ -61,3 +61,18 @@ def test_sigkill_mid_run_then_resume(tmp_path):
     attempts = json.load(open(os.path.join(workdir, "attempts.json")))
     assert attempts[str(killed_at)] == 2  # the interrupted iteration ran twice, the others once
     assert sum(attempts.values()) == 4
+
+
+def test_a_pending_record_is_kept_only_when_its_iteration_was_checkpointed(tmp_path):
+    from flexmarl_jax.metrics import MetricsWriter
+    from flexmarl_jax.orchestrator.run import PENDING_RECORD, _recover_pending_record
+
+    writer = MetricsWriter(tmp_path, tensorboard=False)
+    writer.write({"iteration": 0, "team_accuracy": 0.1})
+    pending = tmp_path / PENDING_RECORD
+    pending.write_text(json.dumps({"iteration": 1, "team_accuracy": 0.2}))
+    _recover_pending_record(str(tmp_path), writer, start=1)  # iteration 1 is redone: its record is dropped
+    assert not pending.exists() and [r["iteration"] for r in _metrics(tmp_path)] == [0]
+    pending.write_text(json.dumps({"iteration": 1, "team_accuracy": 0.2}))
+    _recover_pending_record(str(tmp_path), writer, start=2)  # checkpointed, but its metrics line was lost
+    assert not pending.exists() and [r["iteration"] for r in _metrics(tmp_path)] == [0, 1]
