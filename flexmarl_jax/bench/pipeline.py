@@ -26,7 +26,9 @@ the store calls (wall and CPU seconds per method).
 `store_time_fraction`: the experience store is wrapped in a timing proxy (the orchestrator's only handle on
 it); the fraction is (wall time during which at least one store call was working) / E2E over the timed
 iterations of the `flexmarl` mode. A blocking claim's wait for rows is not store work: the proxy claims
-without blocking and waits itself, woken by the writes that pass through it.
+without blocking and waits itself, woken by the writes that pass through it. The memory backend commits
+to TensorStore on a background thread, outside the calls, so `store_cpu_fraction` (CPU seconds of the calls
+plus those commits, / E2E) is reported next to it: the store's whole cost to the host, wherever it runs.
 
 On a CPU host the fake devices share the same cores, so overlap between rollout and training is real in
 the code paths but competes for the same cores (see ARCHITECTURE.md): the ratios here are what this machine
@@ -71,13 +73,14 @@ GOALS = {"speedup_vs_serial": 3.0, "speedup_vs_sync": 1.1, "store_time_fraction"
 
 @dataclasses.dataclass(frozen=True)
 class Workload:
-    """What one iteration of every mode does."""
+    """What one iteration of every mode does: the batch shape of `flexmarl train` (16 queries x 8 samples,
+    micro-batches of 32), with responses long-tailed up to 128 tokens as in RL on reasoning tasks."""
 
     queries_per_iteration: int = 16
-    samples_per_query: int = 4
-    micro_batch_size: int = 16
-    max_response_length: int = 32  # the length cap: the longest tail call
-    tail_min_length: int = 2  # the Pareto scale: the shortest call
+    samples_per_query: int = 8
+    micro_batch_size: int = 32
+    max_response_length: int = 128  # the length cap: the longest tail call
+    tail_min_length: int = 8  # the Pareto scale: the shortest call
     tail_alpha: float = 1.0  # Pareto shape: P(length > x) = (tail_min_length / x) ** alpha
     reject_rate: float = 0.3  # share of trajectories whose verifier rejects: the corrector's load
     warmup_iterations: int = 1
@@ -164,21 +167,21 @@ class WorkloadBackend:
 class TimedStore:
     """A proxy over an ExperienceStore recording the interval of every call that does store work.
 
-    `claim_micro_batch(timeout>0)` becomes non-blocking claims (timed) and waits for a write through this proxy
-    (not timed): waiting for rollout to produce rows is idle time, not store time. Every store call of the
-    orchestrator goes through the proxy, so no write that could make rows ready is missed.
+    `claim_micro_batch(timeout>0)` becomes non-blocking claims (timed) and waits (not timed) for a write
+    through this proxy that can make the agent's rows claimable, or for its `until` event: waiting for
+    rollout to produce rows is idle time, not store time. Every store call of the orchestrator goes through
+    the proxy, so no write that could make rows ready is missed.
 
     Args:
       clock: seconds; pass the run's `Timeline.now` so that intervals share the timeline's clock.
     """
 
-    _WRITES = ("append_rows", "set_columns", "release", "mark_consumed", "drop_stale_rows")
-
     def __init__(self, store, clock=time.perf_counter):
         self._store, self._clock = store, clock
         self._lock = threading.Lock()
         self._changed = threading.Condition()
-        self._writes = 0  # bumped after every write; a claim that failed waits for it to move
+        # agent -> writes so far that can make its rows claimable; a failed claim waits for its agent's to move
+        self._writes: dict[str, int] = {}
         self.intervals: list[tuple[float, float]] = []
         # method -> [calls, wall seconds, CPU seconds of the calling thread]; wall >> CPU means the call
         # waited (for the GIL, a core, the committer), not that the store worked that long.
@@ -201,33 +204,59 @@ class TimedStore:
         attribute = getattr(self._store, name)
         if not callable(attribute) or name.startswith("_"):
             return attribute
+        return lambda *args, **kwargs: self._timed(name, attribute, *args, **kwargs)
 
-        def call(*args, **kwargs):
-            try:
-                return self._timed(name, attribute, *args, **kwargs)
-            finally:
-                if name in self._WRITES:
-                    with self._changed:
-                        self._writes += 1
-                        self._changed.notify_all()
+    def _wrote(self, agent: str | None) -> None:
+        """Rows of `agent` (None: of every agent) may have become claimable: wake its waiting claims."""
+        with self._changed:
+            for key in (self._writes if agent is None else [agent]):
+                self._writes[key] = self._writes.get(key, 0) + 1
+            self._changed.notify_all()
 
-        return call
+    def append_rows(self, agent: str, **kwargs):
+        try:
+            return self._timed("append_rows", self._store.append_rows, agent, **kwargs)
+        finally:
+            self._wrote(agent)
 
-    def claim_micro_batch(self, agent: str, size: int, *, timeout: float | None = 0.0, **kwargs):
+    def set_columns(self, agent: str, rows, columns):
+        try:
+            return self._timed("set_columns", self._store.set_columns, agent, rows, columns)
+        finally:
+            self._wrote(agent)
+
+    def release(self, batch):
+        try:
+            return self._timed("release", self._store.release, batch)
+        finally:
+            self._wrote(batch.agent)
+
+    def wake_claims(self) -> None:
+        self._timed("wake_claims", self._store.wake_claims)
+        self._wrote(None)
+
+    def claim_micro_batch(self, agent: str, size: int, *, timeout: float | None = 0.0,
+                          until: threading.Event | None = None, **kwargs):
         deadline = None if timeout is None else time.monotonic() + timeout
         while True:
             with self._changed:
-                writes_seen = self._writes
+                writes_seen = self._writes.setdefault(agent, 0)
             rows = self._timed("claim_micro_batch", self._store.claim_micro_batch, agent, size, timeout=0,
                                **kwargs)
             if rows is not None:
                 return rows
-            remaining = None if deadline is None else deadline - time.monotonic()
-            if remaining is not None and remaining <= 0:
-                return None
             with self._changed:
-                if self._writes == writes_seen:
+                while self._writes[agent] == writes_seen:
+                    remaining = None if deadline is None else deadline - time.monotonic()
+                    if (remaining is not None and remaining <= 0) or (until is not None and until.is_set()):
+                        return None  # nothing of this agent changed since the failed attempt
                     self._changed.wait(remaining)
+
+    def cpu_seconds(self) -> float:
+        """CPU seconds of store work so far: inside the calls, plus the store's background commits."""
+        with self._lock:
+            in_calls = sum(counts[2] for counts in self.calls.values())
+        return in_calls + getattr(self._store, "commit_cpu_seconds", 0.0)
 
     def call_totals(self) -> dict[str, tuple[int, float, float]]:
         """method -> (calls, wall seconds, CPU seconds) so far."""
@@ -361,6 +390,7 @@ class ModeRun:
 
     def run_timed_iteration(self) -> None:
         timeline, iteration = self.timeline, self._next_iteration
+        store_cpu_before = self.timed_store.cpu_seconds()
         t0 = timeline.now()
         record = self.orchestrator.run_iteration(iteration)
         t1 = timeline.now()
@@ -381,6 +411,7 @@ class ModeRun:
                                      if k != "resources"},
             "store_busy_s": self.timed_store.busy_seconds(t0, t1),
             "store_summed_s": self.timed_store.summed_seconds(t0, t1),
+            "store_cpu_s": self.timed_store.cpu_seconds() - store_cpu_before,
             "instance_busy_s": sum(timeline.busy_seconds(resource, t0, t1) for resource in self.devices_of
                                    if resource.startswith("rollout/")),
         })
@@ -412,6 +443,8 @@ class ModeRun:
             "rollout_wall_s": mean("rollout_wall_s"),
             "post_rollout_s": mean("post_rollout_s"),
             "store_time_fraction": sum(it["store_busy_s"] for it in iterations) / e2e,
+            # CPU of store work (calls and background commits) / E2E: what the store costs the host.
+            "store_cpu_fraction": sum(it["store_cpu_s"] for it in iterations) / e2e,
             "store_calls_per_iteration": {
                 method: dict(zip(("calls", "seconds", "cpu_seconds"),
                                  ((now - before) / n for now, before in
@@ -480,6 +513,7 @@ def summarize(modes: Mapping[str, dict[str, Any]]) -> dict[str, Any]:
             if baseline in modes:
                 result[key] = ratio(modes[baseline]["e2e_s"], proposed["e2e_s"])
         result["store_time_fraction"] = proposed["store_time_fraction"]
+        result["store_cpu_fraction"] = proposed.get("store_cpu_fraction")
         unbalanced = modes.get(NO_BALANCING_MODE)
         if unbalanced is not None and "rollout_wall_s" in proposed and "rollout_wall_s" in unbalanced:
             # rollout time without balancing / with (issue 9)
@@ -515,7 +549,8 @@ def print_table(result: Mapping[str, Any], workload: Workload) -> None:
     console.print("time split per iteration: rollout = some instance decoding; train* = training not hidden "
                   "behind rollout; other = neither (host work, store, thread hand-offs); post-rollout = E2E after "
                   "the last rollout call returned; store frac = share of E2E inside store calls")
-    for key in ("speedup_vs_serial", "speedup_vs_sync", "store_time_fraction", "rollout_speedup_from_balancing"):
+    for key in ("speedup_vs_serial", "speedup_vs_sync", "store_time_fraction", "store_cpu_fraction",
+                "rollout_speedup_from_balancing"):
         if result.get(key) is not None:
             console.print(f"{PROPOSED_MODE} {key}: {result[key]:.3f}")
 

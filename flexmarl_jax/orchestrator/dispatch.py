@@ -95,7 +95,7 @@ class AgentDispatcher:
             stats.tokens += len(logprobs)
 
     def drain(self, current_versions: Mapping[str, int], rollout_done: threading.Event, stats: DispatchStats,
-              *, iteration_start: float, poll_s: float = 0.02) -> None:
+              *, iteration_start: float, poll_s: float = 0.5) -> None:
         """Claims and trains until rollout is done and nothing claimable is left."""
         try:
             self._drain(current_versions, rollout_done, stats, iteration_start=iteration_start, poll_s=poll_s)
@@ -106,17 +106,15 @@ class AgentDispatcher:
     def _drain(self, current_versions, rollout_done, stats, *, iteration_start: float, poll_s: float) -> None:
         while True:
             finished = rollout_done.is_set()  # read before claiming: rows can only be added before it
+            # While rollout runs, a claim blocks until an append makes a micro-batch claimable or rollout
+            # ends (the store's `until` + `wake_claims`); `poll_s` is only a safety net. Groups of a
+            # conditional agent vary in size: take whole groups, but only a full micro-batch's worth.
             rows = self.store.claim_micro_batch(
                 self.agent, self.micro_batch_size, current_versions=dict(current_versions),
                 max_staleness=self.max_staleness, columns=CLAIM_COLUMNS,
-                allow_partial=finished or self.variable_groups, timeout=0 if finished else poll_s)
-            if rows is not None and self.variable_groups and not finished and len(rows) < self.micro_batch_size:
-                # A partial claim took every complete group there is: wait for a fuller micro-batch.
-                self.store.release(rows)
-                if self.slot is not None:
-                    self.slot.release()
-                rollout_done.wait(poll_s)
-                continue
+                allow_partial=finished or self.variable_groups,
+                min_rows=self.micro_batch_size if self.variable_groups and not finished else None,
+                timeout=0 if finished else poll_s, until=None if finished else rollout_done)
             if rows is None:
                 if self.slot is not None:
                     self.slot.release()  # nothing claimable now: another agent may use the slice
@@ -129,7 +127,7 @@ class AgentDispatcher:
 
     def commit(self) -> int:
         """After the update is applied: the iteration's rows are consumed (durably); returns the count."""
-        consumed = sum(self.store.mark_consumed(rows) for rows in self.claimed)
+        consumed = self.store.mark_consumed(self.claimed) if self.claimed else 0
         self.claimed.clear()
         return consumed
 

@@ -77,8 +77,9 @@ class _Rollout:
     """One iteration's workflow execution on a background thread."""
 
     def __init__(self, iteration: int, sink: StoreSink, executor: WorkflowExecutor,
-                 problems: Sequence[Any], timeline: Timeline):
+                 problems: Sequence[Any], timeline: Timeline, wake_claims: Callable[[], None]):
         self.iteration, self.sink = iteration, sink
+        self._wake_claims = wake_claims  # blocked trainer claims re-check `done`
         self.done = threading.Event()
         self.result: RunResult | None = None
         self.error: BaseException | None = None
@@ -98,6 +99,7 @@ class _Rollout:
         finally:
             self.end_time = self._timeline.now()
             self.done.set()
+            self._wake_claims()
 
     def wait(self) -> RunResult:
         self._thread.join()
@@ -115,9 +117,10 @@ class JointOrchestrator:
       pad_id: the tokenizer's pad id (micro-batch padding).
       sampling: agent -> SamplingParams for rollout (seeds are derived per iteration).
       aggregation, estimator: the loss aggregation and advantage estimator of the algorithm.
-      on_update_applied: called with (iteration, metrics record) after every agent applied its update and
-        before the iteration's rows are marked consumed (run.py checkpoints there, so a crash never loses a
-        sample, and keeps the record with the checkpoint, so a crash never loses an iteration's metrics).
+      on_update_applied: called with (iteration, metrics record, {agent: sample ids trained}) after every
+        agent applied its update and before the iteration's rows are marked consumed (run.py checkpoints
+        there, so a crash never loses a sample, and keeps the record and the trained ids with the checkpoint,
+        so a crash never loses an iteration's metrics and a resume can mark its rows consumed).
       shared_training: agent-centric allocation (`shared_training.SharedTraining`); ``trainers`` are then its
         PooledTrainers, which hold one of its slices only while their agent has a micro-batch.
     """
@@ -126,7 +129,7 @@ class JointOrchestrator:
                  workflow: Workflow, task: Task, backend: GenerationBackend,
                  sync_weights: Callable[[str, Any, int], None], sampling: Mapping[str, SamplingParams],
                  pad_id: int, aggregation: str, estimator: str, timeline: Timeline | None = None,
-                 on_update_applied: Callable[[int, dict], None] | None = None,
+                 on_update_applied: Callable[[int, dict, dict[str, list[str]]], None] | None = None,
                  shared_training: SharedTraining | None = None):
         self.settings = settings
         self.shared_training = shared_training
@@ -189,7 +192,9 @@ class JointOrchestrator:
         on_generated = None
         if self.checker is not None:
             on_generated = lambda record, deps: self.checker.generated(record.sample_id, record.agent, deps)  # noqa: E731
-        sink = StoreSink(self.store, self._advantages, on_generated=on_generated, hold=hold_rows)
+        # Rows reach the store a micro-batch at a time: fewer, larger appends, each one claimable at once.
+        sink = StoreSink(self.store, self._advantages, on_generated=on_generated, hold=hold_rows,
+                         rows_per_write=self.settings.micro_batch_size)
         serial = self.settings.mode == "serial"
         # No explicit seed: the backend derives each request's seed from its id, which holds the
         # iteration's problem seed, so every request samples independently and reproducibly.
@@ -198,7 +203,8 @@ class JointOrchestrator:
             self.workflow, self.backend, self.task, samples_per_query=self.settings.samples_per_query,
             sampling=sampling, mode="dependency", max_concurrent_queries=1 if serial else None,
             group_root_requests=not serial)  # parallel sampling: one prefill for a query's n samples
-        return _Rollout(iteration, sink, executor, self.problems_for(iteration), self.timeline)
+        return _Rollout(iteration, sink, executor, self.problems_for(iteration), self.timeline,
+                        wake_claims=lambda: self.store.wake_claims())
 
     # ------------------------------------------------------------------------------------------ training
     def _dispatchers(self) -> dict[str, AgentDispatcher]:
@@ -285,7 +291,9 @@ class JointOrchestrator:
         record = self._record(iteration, t0, rollout, result, stats, train_metrics, claimed)
         record["train_pool"] = self._train_pool_record(t0, self.timeline.now(), pool_t0)
         if self.on_update_applied is not None:
-            self.on_update_applied(iteration, record)  # e.g. checkpoint: before rows count as consumed
+            trained = {agent: [sample_id for rows in dispatcher.claimed for sample_id in rows.sample_ids]
+                       for agent, dispatcher in dispatchers.items()}
+            self.on_update_applied(iteration, record, trained)  # e.g. checkpoint: before rows count as consumed
         for dispatcher in dispatchers.values():
             dispatcher.commit()
         if self.checker is not None and settings.max_staleness == 0:

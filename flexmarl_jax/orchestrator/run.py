@@ -40,6 +40,7 @@ logger = logging.getLogger(__name__)
 
 CHECKPOINT_DIR = "checkpoints"
 PENDING_RECORD = "pending_record.json"  # the metrics record of the iteration being checkpointed
+PENDING_TRAINED = "pending_trained.json"  # and the sample ids it trained on, until they are marked consumed
 
 
 def build_trainers(config: ml_collections.ConfigDict, layout, *, micro_batch_size: int | None = None,
@@ -128,7 +129,8 @@ def build_orchestrator(config: ml_collections.ConfigDict, *, timeline: metrics.T
         settings, trainers=trainers, store=store, workflow=workflow, task=task, backend=rollout.backend,
         sync_weights=sync_weights, sampling=sampling_for(config), pad_id=tokenizer.pad_id,
         aggregation=loss.aggregation, estimator=loss.advantage_estimator, timeline=timeline,
-        on_update_applied=lambda iteration, record: _checkpoint(trainers, config.workdir, record),
+        on_update_applied=lambda iteration, record, trained: _checkpoint(trainers, config.workdir, record,
+                                                                         trained),
         shared_training=shared)
     return orchestrator, trainers, store, rollout, start
 
@@ -147,14 +149,36 @@ def training_slice_meshes(config: ml_collections.ConfigDict, layout, train_slice
             for i in range(train_slices)]
 
 
-def _checkpoint(trainers, workdir: str, record: dict) -> None:
-    """After an iteration's update: its metrics record, then every agent's state. The record goes first, so
-    that a run killed after the checkpoint but before metrics.jsonl still has it (see _recover_pending_record)."""
-    path = os.path.join(workdir, PENDING_RECORD)
+def _write_json_atomically(path: str, payload) -> None:
     with open(path + ".tmp", "w") as handle:
-        json.dump(metrics.to_jsonable(record), handle)
+        json.dump(payload, handle)
     os.replace(path + ".tmp", path)
+
+
+def _checkpoint(trainers, workdir: str, record: dict, trained: dict[str, list[str]]) -> None:
+    """After an iteration's update: its metrics record and the sample ids it trained on, then every agent's
+    state. Those go first, so that a run killed after the checkpoint but before metrics.jsonl and
+    `mark_consumed` still has them (see _recover_pending_record and _consume_trained_rows)."""
+    _write_json_atomically(os.path.join(workdir, PENDING_TRAINED),
+                           {"iteration": record["iteration"], "sample_ids": trained})
+    _write_json_atomically(os.path.join(workdir, PENDING_RECORD), metrics.to_jsonable(record))
     save_all(trainers, os.path.join(workdir, CHECKPOINT_DIR), max_to_keep=2)
+
+
+def _consume_trained_rows(workdir: str, store: ExperienceStore, start: int) -> None:
+    """A run killed between an iteration's checkpoint and `mark_consumed` left the rows it trained on READY:
+    mark them consumed (their update is in the checkpoint). An iteration without a checkpoint is redone
+    instead, and its rows are dropped by _begin_attempt."""
+    path = os.path.join(workdir, PENDING_TRAINED)
+    if not os.path.isfile(path):
+        return
+    with open(path) as handle:
+        pending = json.load(handle)
+    if pending["iteration"] < start:
+        settled = sum(store.consume_rows(agent, ids) for agent, ids in pending["sample_ids"].items())
+        if settled:
+            logger.info("marked %d rows of checkpointed iteration %d consumed", settled, pending["iteration"])
+    os.remove(path)
 
 
 def _recover_pending_record(workdir: str, writer: metrics.MetricsWriter, start: int) -> None:
@@ -231,6 +255,7 @@ def run_training(config: ml_collections.ConfigDict) -> int:
     orchestrator.set_horizon(config.iterations)
     writer = metrics.MetricsWriter(workdir)
     _recover_pending_record(workdir, writer, start)
+    _consume_trained_rows(workdir, store, start)
     try:
         with metrics.IterationProgress(total=config.iterations, initial=start) as progress:
             for iteration in range(start, config.iterations):
@@ -243,7 +268,8 @@ def run_training(config: ml_collections.ConfigDict) -> int:
                 record["e2e_s"] = t1 - t0
                 record["utilization"] = timeline.utilization_report(t0, t1)
                 writer.write(record)
-                os.remove(os.path.join(workdir, PENDING_RECORD))
+                for done in (PENDING_RECORD, PENDING_TRAINED):
+                    os.remove(os.path.join(workdir, done))
                 timeline.save(workdir)
                 progress.advance(record)
     finally:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import collections
 import threading
+import time
 from collections.abc import Callable, Sequence
 
 import numpy as np
@@ -24,6 +25,7 @@ class _Group:
     def __init__(self, agent: str, records: list[CallRecord]):
         self.agent, self.records = agent, records
         self.rewards: dict[str, float] = {}
+        self.completed_at = 0.0  # time.monotonic() when its last reward arrived
 
     def complete(self) -> bool:
         return len(self.rewards) == len(self.records)
@@ -38,14 +40,19 @@ class StoreSink:
         (the invariant checker uses it).
       hold: keep complete groups out of the store until `release_held()` (a rollout running ahead of
         training must not feed the current iteration's claims).
+      rows_per_write: write an agent's complete groups once they hold this many rows (its trainer's micro-
+        batch: fewer rows are not claimable before the rollout ends anyway), or once the oldest has waited
+        `max_delay_s`; `flush()` writes everything. None: write whatever is complete every BATCH_WINDOW_S.
     Call `flush()` before declaring the rollout finished, and `close()` when done with the sink.
     """
 
     BATCH_WINDOW_S = 0.02
 
     def __init__(self, store: ExperienceStore, advantage_fn: AdvantageFn, *,
-                 on_generated: Callable[[CallRecord, dict], None] | None = None, hold: bool = False):
+                 on_generated: Callable[[CallRecord, dict], None] | None = None, hold: bool = False,
+                 rows_per_write: int | None = None, max_delay_s: float = 0.5):
         self.store, self.advantage_fn = store, advantage_fn
+        self.rows_per_write, self.max_delay_s = rows_per_write, max_delay_s
         self._on_generated = on_generated
         self._cond = threading.Condition()
         self._open: dict[tuple[str, str], list[CallRecord]] = collections.defaultdict(list)
@@ -142,21 +149,44 @@ class StoreSink:
     def _enqueue_if_complete(self, group: _Group) -> None:
         if group.complete():
             del self._closed[(group.agent, group.records[0].group_id)]
+            group.completed_at = time.monotonic()
             self._to_write.append(group)
             self._cond.notify_all()
+
+    def _take_due(self) -> tuple[list[_Group], float | None]:
+        """(groups to write now, seconds until more fall due or None). Call with the lock held."""
+        if self._flushing or self._stopping or self.rows_per_write is None:
+            return self._to_write, None
+        rows: collections.Counter = collections.Counter()
+        oldest: dict[str, float] = {}
+        for group in self._to_write:
+            rows[group.agent] += len(group.records)
+            oldest.setdefault(group.agent, group.completed_at)
+        now = time.monotonic()
+        due = {agent for agent in rows
+               if rows[agent] >= self.rows_per_write or now - oldest[agent] >= self.max_delay_s}
+        waits = [oldest[agent] + self.max_delay_s - now for agent in rows if agent not in due]
+        return [g for g in self._to_write if g.agent in due], (min(waits) if waits else None)
 
     def _write_loop(self) -> None:
         while True:
             with self._cond:
-                while not self._stopping and (self._holding or not self._to_write):
-                    self._cond.wait()
-                if self._stopping and (self._holding or not self._to_write):
-                    return
-                if not self._flushing:
-                    # Let more groups complete first: fewer, larger store transactions; rows become
-                    # claimable at most BATCH_WINDOW_S later.
-                    self._cond.wait(timeout=self.BATCH_WINDOW_S)
-                batch, self._to_write = self._to_write, []
+                while True:
+                    if self._stopping and (self._holding or not self._to_write):
+                        return
+                    if not self._holding and self._to_write:
+                        if self.rows_per_write is None and not self._flushing:
+                            # Let more groups complete first: fewer, larger store transactions; rows
+                            # become claimable at most BATCH_WINDOW_S later.
+                            self._cond.wait(timeout=self.BATCH_WINDOW_S)
+                        batch, wait_s = self._take_due()
+                        if batch:
+                            break
+                        self._cond.wait(timeout=wait_s)
+                    else:
+                        self._cond.wait()
+                taken = {id(group) for group in batch}
+                self._to_write = [group for group in self._to_write if id(group) not in taken]
                 self._writing = True
             try:
                 self._write(batch)

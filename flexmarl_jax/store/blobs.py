@@ -4,9 +4,14 @@ One write (an append or a ``set_columns`` call) puts each by-reference column's 
 one blob; rows hold (blob_id, offset, length). A blob that no row points at any more (values overwritten,
 or rows consumed/dropped when the store frees them) is deleted in the same transaction. The caller holds
 the table lock for everything except ``read``: blobs are immutable once written, so reads need no lock.
+
+Blobs written by this process are also kept decoded in memory until no unconsumed row points at them, so a
+claim (which reads rows appended moments earlier) does not go back to TensorStore for them.
 """
 
 from __future__ import annotations
+
+import collections
 
 import numpy as np
 import tensorstore as ts
@@ -25,6 +30,9 @@ class Blobs:
         self._committer = committer
         self.next_blob_id = 1  # blob id 0 means "no value"
         self._rows: dict[tuple[str, int], int] = {}  # (data column, blob id) -> rows pointing at it
+        # (data column, blob id) -> decoded blob, and how many rows not yet consumed point at it
+        self._cache: dict[tuple[str, int], np.ndarray | bytes] = {}
+        self._cached_rows: dict[tuple[str, int], int] = {}
 
     def assign_ids(self, packed: dict[str, tuple[bytes, np.ndarray]]) -> dict[str, np.ndarray]:
         """Gives each packed column's blob the next id; returns the refs [rows, 3] per column."""
@@ -35,11 +43,29 @@ class Blobs:
             refs[name] = column_refs
         return refs
 
-    def track(self, refs: dict[str, np.ndarray], num_rows: int) -> None:
-        """New blobs of data columns, each pointed at by ``num_rows`` rows (meta strings are never freed)."""
+    def track(self, refs: dict[str, np.ndarray], num_rows: int, packed: dict[str, tuple[bytes, np.ndarray]]) -> None:
+        """New blobs of data columns, each pointed at by ``num_rows`` rows (meta strings are never freed);
+        ``packed`` holds their bytes, cached decoded for reads."""
         for name, column_refs in refs.items():
-            if self._specs[name].role == "data" and num_rows:
-                self._rows[name, int(column_refs[0, 0])] = num_rows
+            spec = self._specs[name]
+            if spec.role == "data" and num_rows:
+                key = name, int(column_refs[0, 0])
+                self._rows[key] = num_rows
+                raw = packed[name][0]
+                self._cache[key] = raw if spec.kind == "str" else layout.decode_blob(raw, spec.dtype)
+                self._cached_rows[key] = num_rows
+
+    def forget(self, name: str, blob_ids: np.ndarray) -> None:
+        """Rows pointing at ``blob_ids`` [rows] are done (consumed, dropped or overwritten): blobs no longer
+        needed by any live row leave the cache (the stored blob is untouched)."""
+        for blob_id, count in collections.Counter(blob_ids[blob_ids > 0].tolist()).items():
+            key = name, blob_id
+            left = self._cached_rows.get(key, 0) - count
+            if left > 0:
+                self._cached_rows[key] = left
+            else:
+                self._cached_rows.pop(key, None)
+                self._cache.pop(key, None)
 
     def count_loaded(self, name: str, blob_ids: np.ndarray) -> None:
         ids, counts = np.unique(blob_ids[blob_ids > 0], return_counts=True)
@@ -48,8 +74,8 @@ class Blobs:
 
     def release(self, batch: WriteBatch, name: str, blob_ids: np.ndarray) -> None:
         """``blob_ids`` [rows] no longer hold these rows' values; deletes blobs left without rows."""
-        ids, counts = np.unique(blob_ids[blob_ids > 0], return_counts=True)
-        for blob_id, count in zip(ids.tolist(), counts.tolist(), strict=True):
+        self.forget(name, blob_ids)
+        for blob_id, count in collections.Counter(blob_ids[blob_ids > 0].tolist()).items():
             left = self._rows.get((name, blob_id), 0) - count
             if left > 0:
                 self._rows[name, blob_id] = left
@@ -63,10 +89,15 @@ class Blobs:
         ``missing_ok``: a deleted blob (its rows were consumed and freed) reads as None instead of raising.
         """
         reads = {}
+        # Blob ids per column, in first-seen order (dict.fromkeys: cheaper than np.unique for a few ids).
+        blob_ids = {name: [b for b in dict.fromkeys(column_refs[:, 0].tolist()) if b != 0]
+                    for name, column_refs in refs.items()}
         for name, column_refs in refs.items():
             itemsize = self._specs[name].dtype.itemsize
-            for blob_id in np.unique(column_refs[:, 0]).tolist():
-                if blob_id == 0:
+            for blob_id in blob_ids[name]:
+                cached = self._cache.get((name, blob_id))
+                if cached is not None:
+                    reads[name, blob_id] = (0, cached, True)
                     continue
                 in_blob = column_refs[column_refs[:, 0] == blob_id]
                 low = int(in_blob[:, 1].min())
@@ -80,23 +111,21 @@ class Blobs:
                     read = b""
                 else:
                     read = self._kvstore.read(key, byte_range=byte_range)
-                reads[name, blob_id] = (low, read)
+                reads[name, blob_id] = (low, read, False)
         out = {}
         for name, column_refs in refs.items():
             spec = self._specs[name]
             values: list = [None] * len(column_refs)
-            for blob_id in np.unique(column_refs[:, 0]).tolist():
-                if blob_id == 0:
-                    continue
-                low, raw = reads[name, blob_id]
-                if not isinstance(raw, bytes):
+            for blob_id in blob_ids[name]:
+                low, raw, decoded = reads[name, blob_id]
+                if not isinstance(raw, bytes) and not decoded:
                     result = raw.result()
                     if result.state != "value":
                         if missing_ok:
                             continue
                         raise RuntimeError(f"blob {layout.blob_key(self.agent, name, blob_id)} is missing")
                     raw = result.value
-                blob = layout.decode_blob(raw, spec.dtype) if spec.kind != "str" else raw
+                blob = raw if decoded or spec.kind == "str" else layout.decode_blob(raw, spec.dtype)
                 positions = np.flatnonzero(column_refs[:, 0] == blob_id)
                 local_refs = column_refs[positions] - np.array([0, low, 0])
                 for position, value in zip(

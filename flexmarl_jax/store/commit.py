@@ -5,18 +5,38 @@ in which they changed the in-memory index) and then wait until it is committed. 
 flush running commits *everything* queued so far in one transaction, so concurrent writers share commits
 (batched transactions) and an OCDBT database sees one new manifest per flush rather than per call.
 A transaction is atomic: after a crash either all of a batch's rows/columns are there or none.
+
+With ``write_behind`` (the memory backend, where nothing survives the process anyway) an operation does not
+wait: a background thread commits the queue, so the commit's cost leaves the callers' critical paths (rollout
+appending, trainers claiming). Reads of blobs still in flight are served from the queue
+(``pending_blob``), and a failed commit breaks the store for every later call, as it does without it.
 """
 
 from __future__ import annotations
 
+import concurrent.futures
 import dataclasses
 import logging
 import threading
+import time
 
 import numpy as np
 import tensorstore as ts
 
 logger = logging.getLogger(__name__)
+
+_worker: concurrent.futures.ThreadPoolExecutor | None = None
+_worker_lock = threading.Lock()
+
+
+def _commit_worker() -> concurrent.futures.ThreadPoolExecutor:
+    """The thread that runs write-behind commits of every store in the process. An executor, not a thread of
+    each store: it finishes queued commits at interpreter exit and keeps no store alive once it is idle."""
+    global _worker
+    with _worker_lock:
+        if _worker is None:
+            _worker = concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix="store-commit")
+        return _worker
 
 
 class StoreBrokenError(RuntimeError):
@@ -47,8 +67,9 @@ class WriteBatch:
 class Committer:
     """Commits queued write batches in order, several per transaction."""
 
-    def __init__(self, kvstore: ts.KvStore):
+    def __init__(self, kvstore: ts.KvStore, *, write_behind: bool = False):
         self._kvstore = kvstore
+        self.write_behind = write_behind
         self._cond = threading.Condition(threading.Lock())
         self._queue: list[tuple[int, WriteBatch]] = []
         # Blobs queued but not yet committed: a claim may read a row whose append is still in flight.
@@ -58,6 +79,8 @@ class Committer:
         self._flushing = False
         self._error: BaseException | None = None
         self.num_transactions = 0
+        self.commit_cpu_s = 0.0  # CPU seconds spent committing, whichever thread did it
+        self._drain_scheduled = False  # write-behind: a commit worker task will pick up the queue
 
     def enqueue(self, batch: WriteBatch) -> int:
         """Queues a batch; returns its sequence number for ``wait``. Call with the table lock held."""
@@ -69,7 +92,19 @@ class Committer:
             for key, data in batch.blob_writes:
                 if data is not None:
                     self._pending_blobs[key] = data
+            if self.write_behind and not self._drain_scheduled:
+                self._drain_scheduled = True
+                _commit_worker().submit(self._drain_queue)
             return seq
+
+    def settle(self, seq: int) -> None:
+        """What an operation does after queueing batch ``seq``: waits for its commit (durable backends), or
+        only checks that earlier commits succeeded (``write_behind``)."""
+        if self.write_behind:
+            with self._cond:
+                self._raise_if_broken()
+            return
+        self.wait(seq)
 
     def pending_blob(self, key: str) -> bytes | None:
         with self._cond:
@@ -87,11 +122,13 @@ class Committer:
                 self._flushing = True
                 batches, self._queue = self._queue, []
             error = None
+            cpu_start = time.thread_time()
             try:
                 self._commit([batch for _, batch in batches])
             except BaseException as exc:  # noqa: BLE001 - re-raised below and to every other waiter
                 error = exc
             with self._cond:
+                self.commit_cpu_s += time.thread_time() - cpu_start
                 self._flushing = False
                 if error is not None:
                     logger.error("experience store commit failed; the store is now unusable: %s", error)
@@ -110,6 +147,19 @@ class Committer:
             last = self._next_seq - 1
         if last:
             self.wait(last)
+
+    def _drain_queue(self) -> None:
+        """Write-behind: commits until the queue is empty (batches queued meanwhile share the next commit)."""
+        while True:
+            with self._cond:
+                if not self._queue or self._error is not None:
+                    self._drain_scheduled = False
+                    return
+                last = self._next_seq - 1
+            try:
+                self.wait(last)
+            except StoreBrokenError:
+                pass  # logged by the commit that failed; callers see it on their next operation
 
     def _raise_if_broken(self) -> None:
         if self._error is not None:

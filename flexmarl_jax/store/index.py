@@ -178,12 +178,19 @@ class RowIndex:
         self.input_ids.extend(input_ids)
         self.row_of_sample.update(zip(sample_ids, range(start, stop), strict=True))
         self.num_rows = stop
-        np.add.at(self.group_present, groups, 1)
-        np.add.at(self.group_ready, groups, state == RowState.READY)
+        # Per-group reductions over the new rows (ufunc.at is slow on the 2-D version bounds).
+        order = np.argsort(groups, kind="stable")
+        sorted_groups = groups[order]
+        starts = np.flatnonzero(np.r_[True, sorted_groups[1:] != sorted_groups[:-1]])
+        touched = sorted_groups[starts]
+        self.group_present[touched] += np.diff(np.append(starts, n))
+        self.group_ready[touched] += np.add.reduceat((state == RowState.READY)[order].astype(np.int64), starts)
         # Group version bounds ignore -1 ("does not depend on that agent").
         depends = versions >= 0
-        np.minimum.at(self.group_min_version, groups, np.where(depends, versions, _NO_DEPENDENCY_MIN))
-        np.maximum.at(self.group_max_version, groups, np.where(depends, versions, -1))
+        low = np.minimum.reduceat(np.where(depends, versions, _NO_DEPENDENCY_MIN)[order], starts, axis=0)
+        high = np.maximum.reduceat(np.where(depends, versions, -1)[order], starts, axis=0)
+        self.group_min_version[touched] = np.minimum(self.group_min_version[touched], low)
+        self.group_max_version[touched] = np.maximum(self.group_max_version[touched], high)
         return state
 
     def rows_of(self, sample_ids: list[str]) -> np.ndarray:
@@ -228,7 +235,7 @@ class RowIndex:
 
     def live_group_sizes(self) -> set[int]:
         groups = np.arange(self.first_live_group, len(self.group_ids))
-        return set(np.unique(self.group_size[groups]).tolist())
+        return set(self.group_size[groups].tolist())
 
     def claim(self, groups: np.ndarray) -> tuple[int, Claim]:
         rows = np.fromiter((row for group in groups.tolist() for row in self.group_rows[group]), np.int64)
@@ -239,13 +246,15 @@ class RowIndex:
         self.claims[claim_id] = Claim(groups=groups, rows=rows)
         return claim_id, self.claims[claim_id]
 
-    def take_claim(self, claim_id: int, agent: str) -> Claim:
-        claim = self.claims.pop(claim_id, None)
-        if claim is None:
+    def check_claim(self, claim_id: int, agent: str) -> None:
+        if claim_id not in self.claims:
             raise ValueError(
                 f"claim {claim_id} of agent {agent!r} is not held (never made, already consumed or released)"
             )
-        return claim
+
+    def take_claim(self, claim_id: int, agent: str) -> Claim:
+        self.check_claim(claim_id, agent)
+        return self.claims.pop(claim_id)
 
     def consume(self, claim: Claim, now: float) -> None:
         self.group_state[claim.groups] = GroupState.CONSUMED

@@ -8,13 +8,15 @@ reopened store offers claimed-but-unconsumed rows again, while consumed rows are
 
 Backends: ``"memory"`` (TensorStore memory driver, the default) and ``"file"`` (an OCDBT database at
 ``WORKDIR/store/``; a ``gs://bucket/path`` workdir uses GCS through the same spec). docs/store.md describes
-the layout.
+the layout. The file backend's writes are durable when a call returns; the memory backend commits them on a
+background thread (nothing of it outlives the process, so callers need not wait).
 """
 
 from __future__ import annotations
 
 import json
 import logging
+import threading
 from collections.abc import Mapping, Sequence
 
 import numpy as np
@@ -98,7 +100,8 @@ class ExperienceStore:
                     raise ValueError(
                         f"store at {location} has extra columns {schema.extra_columns}, not {wanted}"
                     )
-        committer = Committer(kvstore)
+        # Nothing of the memory backend outlives the process, so its operations need not wait for commits.
+        committer = Committer(kvstore, write_behind=backend == "memory")
         free = backend == "memory" if free_consumed_values is None else bool(free_consumed_values)
         tables = {
             agent: AgentTable(
@@ -174,7 +177,8 @@ class ExperienceStore:
         group_ids: Sequence[str] | None = None,
         columns: Mapping[str, object] | None = None,
     ) -> list[str]:
-        """Appends one row per ``input_ids`` entry (committed when this returns); returns their sample ids.
+        """Appends one row per ``input_ids`` entry; returns their sample ids. The rows are claimable when this
+        returns, and durable too with the file backend (the memory backend commits them in the background).
 
         Args:
           agent: the table.
@@ -216,7 +220,9 @@ class ExperienceStore:
         max_staleness: int = 0,
         columns: Sequence[str] | None = None,
         allow_partial: bool = False,
+        min_rows: int | None = None,
         timeout: float | None = 0.0,
+        until: threading.Event | None = None,
     ) -> MicroBatch | None:
         """Atomically claims ``size`` rows of ``agent`` made of whole GRPO groups, oldest groups first.
 
@@ -225,12 +231,18 @@ class ExperienceStore:
         ``size`` counts rows and, unless ``allow_partial``, must be a multiple of every group size of the
         agent's live groups (ValueError otherwise). When the claimable groups cannot fill exactly ``size``
         rows the call returns None (claiming nothing), or with ``allow_partial`` the whole groups that fit
-        (at least one group; groups may then differ in size).
+        (at least one group, and at least ``min_rows`` rows when given; groups may then differ in size).
         ``timeout``: seconds to wait for enough rows (0: do not wait; None: wait forever).
+        ``until``: a blocking claim also returns None once this event is set and ``wake_claims`` was called
+        (a consumer's "no more rows are coming" signal, so it need not poll).
         ``columns``: data columns to read (default all).
         """
         if isinstance(size, bool) or not isinstance(size, (int, np.integer)) or size < 1:
             raise ValueError(f"size={size!r} must be a positive int (rows)")
+        if min_rows is not None and (
+            isinstance(min_rows, bool) or not isinstance(min_rows, (int, np.integer)) or not 1 <= min_rows <= size
+        ):
+            raise ValueError(f"min_rows={min_rows!r} must be an int in [1, size={size}]")
         table = self._table(agent)
         return table.claim(
             int(size),
@@ -238,12 +250,33 @@ class ExperienceStore:
             self._check_staleness(max_staleness),
             columns=columns,
             allow_partial=allow_partial,
+            min_rows=1 if min_rows is None else int(min_rows),
             timeout=timeout,
+            until=until,
         )
 
-    def mark_consumed(self, batch: MicroBatch) -> int:
-        """Marks a claimed batch trained on (durable when this returns); returns its row count."""
-        return self._table(batch.agent).consume(batch.claim_id)
+    def wake_claims(self) -> None:
+        """Wakes every blocked claim so that it re-checks its ``until`` event (set the event first)."""
+        for table in self._tables.values():
+            table.wake()
+
+    def mark_consumed(self, batch: MicroBatch | Sequence[MicroBatch]) -> int:
+        """Marks claimed batches trained on (durable when this returns, file backend); returns their row count.
+        Several batches of one agent are marked in one operation."""
+        batches = [batch] if isinstance(batch, MicroBatch) else list(batch)
+        by_agent: dict[str, list[int]] = {}
+        for one in batches:
+            if not isinstance(one, MicroBatch):
+                raise TypeError(f"mark_consumed takes MicroBatch objects, got {type(one).__name__}")
+            by_agent.setdefault(one.agent, []).append(one.claim_id)
+        return sum(self._table(agent).consume(claim_ids) for agent, claim_ids in by_agent.items())
+
+    def consume_rows(self, agent: str, sample_ids: Sequence[str]) -> int:
+        """Marks rows CONSUMED without a claim: recovery of rows whose training a checkpoint already holds
+        (a crash between the checkpoint and ``mark_consumed``). Whole groups only; rows already consumed are
+        skipped; returns the number of rows newly consumed. Raises ValueError (changing nothing) for unknown
+        ids, a partial group, or rows that are claimed, dropped or not READY."""
+        return self._table(agent).consume_rows(list(sample_ids))
 
     def release(self, batch: MicroBatch) -> int:
         """Gives a claimed batch back (e.g. its trainer failed): its groups become claimable again."""
@@ -290,11 +323,17 @@ class ExperienceStore:
         return self._table(agent).row_states(sample_ids)
 
     def flush(self) -> None:
-        """Waits for every queued write (every public call already waits for its own)."""
+        """Waits for every queued write (with the file backend every public call already waits for its own)."""
         self._committer.flush()
 
     def close(self) -> None:
+        """Commits every queued write."""
         self.flush()
+
+    @property
+    def commit_cpu_seconds(self) -> float:
+        """CPU seconds spent committing to TensorStore so far, on whichever thread (for overhead reports)."""
+        return self._committer.commit_cpu_s
 
     def __enter__(self) -> ExperienceStore:
         return self

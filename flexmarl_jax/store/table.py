@@ -154,7 +154,7 @@ class AgentTable:
             rows = slice(start, start + num_rows)
             batch = WriteBatch()
             self._write_blobs(batch, packed, refs, rows)
-            self._blobs.track(refs, num_rows)
+            self._blobs.track(refs, num_rows, packed)
             columns_out = {
                 "state": state,
                 "turn": turns,
@@ -174,7 +174,7 @@ class AgentTable:
             batch.write(self._counters, slice(0, 2), np.array([start + num_rows, self._blobs.next_blob_id]))
             seq = self._committer.enqueue(batch)
             self._cond.notify_all()
-        self._committer.wait(seq)
+        self._committer.settle(seq)
         return sample_ids
 
     def _coerce_versions(self, policy_versions: Mapping[str, object], num_rows: int) -> np.ndarray:
@@ -219,8 +219,11 @@ class AgentTable:
         }
 
     def _free_values(self, batch: WriteBatch, rows: np.ndarray) -> None:
-        """Consumed/dropped rows give up their sequence values when the store frees them (memory default)."""
+        """Consumed/dropped rows give up their sequence values when the store frees them (memory default);
+        otherwise the values stay stored and only leave the read cache."""
         if not self._free_consumed_values:
+            for name, refs in self._index.refs.items():
+                self._blobs.forget(name, refs[rows, 0])
             return
         for name, refs in self._index.refs.items():
             self._blobs.release(batch, name, refs[rows, 0])
@@ -266,7 +269,7 @@ class AgentTable:
                 refs[name] = refs[name][order]
                 self._blobs.release(batch, name, self._index.refs[name][row_ids, 0])
                 self._index.refs[name][row_ids] = refs[name]
-            self._blobs.track(refs, num_rows)
+            self._blobs.track(refs, num_rows, packed)
             self._write_blobs(batch, packed, refs, index)
             for name, value in values.items():
                 if not isinstance(value, list):
@@ -285,7 +288,7 @@ class AgentTable:
                 batch.write(self._counters, slice(1, 2), np.array([self._blobs.next_blob_id]))
             seq = self._committer.enqueue(batch)
             self._cond.notify_all()
-        self._committer.wait(seq)
+        self._committer.settle(seq)
 
     def _check_rows(self, rows: np.ndarray) -> np.ndarray:
         if rows.dtype.kind not in "iu" or rows.ndim != 1:
@@ -303,7 +306,9 @@ class AgentTable:
         *,
         columns: Sequence[str] | None,
         allow_partial: bool,
+        min_rows: int = 1,
         timeout: float | None,
+        until: threading.Event | None = None,
     ) -> MicroBatch | None:
         names = list(self.data_specs) if columns is None else list(columns)
         unknown = [name for name in names if name not in self.data_specs]
@@ -314,11 +319,12 @@ class AgentTable:
         deadline = None if timeout is None else time.monotonic() + timeout
         with self._cond:
             while True:
-                groups = self._select_groups(size, current, max_staleness, allow_partial)
+                groups = self._select_groups(size, current, max_staleness, allow_partial, min_rows)
                 if groups is not None:
                     break
                 remaining = None if deadline is None else deadline - time.monotonic()
-                if remaining is not None and remaining <= 0:
+                # `until` is read under the lock and `wake` notifies under it: a wake-up cannot be missed.
+                if (remaining is not None and remaining <= 0) or (until is not None and until.is_set()):
                     return None
                 self._cond.wait(remaining)
             claim_id, claim = self._index.claim(groups)
@@ -344,8 +350,12 @@ class AgentTable:
             columns={name: values[name] for name in names},
         )
 
+    def wake(self) -> None:
+        with self._cond:
+            self._cond.notify_all()
+
     def _select_groups(
-        self, size: int, current: np.ndarray, max_staleness: int, allow_partial: bool
+        self, size: int, current: np.ndarray, max_staleness: int, allow_partial: bool, min_rows: int = 1
     ) -> np.ndarray | None:
         # An exact claim must be fillable by whole groups; a partial one takes whole groups up to `size`
         # (agents with conditional calls have groups of varying sizes).
@@ -368,24 +378,48 @@ class AgentTable:
             if filled + group_size <= size:
                 chosen.append(group)
                 filled += group_size
-        if filled == size or (allow_partial and filled > 0):
+        if filled == size or (allow_partial and filled >= min_rows and filled > 0):
             return np.asarray(chosen, np.int64)
         return None
 
-    def consume(self, claim_id: int) -> int:
+    def consume(self, claim_ids: Sequence[int]) -> int:
         with self._cond:
-            claim = self._index.take_claim(claim_id, self.agent)
+            for claim_id in claim_ids:  # every id is checked before any claim changes
+                self._index.check_claim(claim_id, self.agent)
+            if len(set(claim_ids)) != len(claim_ids):
+                raise ValueError(f"claim ids {list(claim_ids)} of {self.agent!r} repeat a claim")
+            claims = [self._index.take_claim(claim_id, self.agent) for claim_id in claim_ids]
             now = time.time()
-            self._index.consume(claim, now)
-            rows = np.sort(claim.rows)
+            for claim in claims:
+                self._index.consume(claim, now)
+            rows = np.sort(np.concatenate([claim.rows for claim in claims]))
             index = _as_index(rows)
             batch = WriteBatch()
             batch.write(self._arrays["state"], index, np.full(len(rows), RowState.CONSUMED, np.int32))
             batch.write(self._arrays["consumed_at"], index, np.full(len(rows), now))
             self._free_values(batch, rows)
             seq = self._committer.enqueue(batch)
-        self._committer.wait(seq)
+        self._committer.settle(seq)
         return len(rows)
+
+    def consume_rows(self, sample_ids: list[str]) -> int:
+        with self._cond:
+            index = self._index
+            rows = index.rows_of(sample_ids)
+            rows = rows[index.state[rows] != RowState.CONSUMED]
+            if not len(rows):
+                return 0
+            bad = rows[index.state[rows] != RowState.READY]
+            if len(bad):
+                raise ValueError(f"row {index.sample_ids[int(bad[0])]!r} of {self.agent!r} is "
+                                 f"{RowState(index.state[bad[0]]).name}, not READY: it cannot be consumed")
+            groups = np.array(sorted(set(index.group[rows].tolist())), np.int64)
+            whole = np.array(sorted(r for g in groups.tolist() for r in index.group_rows[g]), np.int64)
+            if len(whole) != len(rows):
+                raise ValueError(f"consume_rows of {self.agent!r} must name whole groups "
+                                 f"({len(rows)} rows given of {len(whole)} in their groups)")
+            claim_id, _ = index.claim(groups)  # through a claim, so group and row states change together
+        return self.consume([claim_id])
 
     def release(self, claim_id: int) -> int:
         with self._cond:
@@ -405,7 +439,7 @@ class AgentTable:
             )
             self._free_values(batch, rows)
             seq = self._committer.enqueue(batch)
-        self._committer.wait(seq)
+        self._committer.settle(seq)
         return len(rows)
 
     # ---- queries ----------

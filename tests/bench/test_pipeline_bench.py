@@ -70,7 +70,7 @@ def test_workload_backend_sets_lengths_and_seeded_verdicts():
         assert completion.token_ids == (5, 6) and completion.logprobs == (-1.0, -2.0)
         assert completion.text.endswith("\nxyz")
         verdicts.append(completion.text.split("\n")[0])
-        assert 2 <= inner.requests[-1].sampling.max_new_tokens <= workload.max_response_length
+        assert workload.tail_min_length <= inner.requests[-1].sampling.max_new_tokens <= workload.max_response_length
     assert set(verdicts) == {"Y", "N"}
     assert verdicts.count("N") / len(verdicts) == pytest.approx(0.3, abs=0.06)
     again = backend.submit(_request("verifier", "verifier/q0_1_0")).result()[0].text.split("\n")[0]

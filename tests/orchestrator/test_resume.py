@@ -37,7 +37,7 @@ def test_sigkill_mid_run_then_resume(tmp_path):
         assert first.poll() is None, first.stdout.read()
         assert time.monotonic() < deadline, "the first iteration never finished"
         time.sleep(0.1)
-    time.sleep(0.5)  # well inside the next iteration (each takes seconds)
+    time.sleep(0.5)  # inside iteration 1 or its checkpoint (iterations take ~0.6 s, checkpoints more)
     first.send_signal(signal.SIGKILL)
     first.wait()
     killed_at = len(_metrics(workdir))
@@ -79,3 +79,27 @@ def test_a_pending_record_is_kept_only_when_its_iteration_was_checkpointed(tmp_p
     pending.write_text(json.dumps({"iteration": 1, "team_accuracy": 0.2}))
     _recover_pending_record(str(tmp_path), writer, start=2)  # checkpointed, but its metrics line was lost
     assert not pending.exists() and [r["iteration"] for r in _metrics(tmp_path)] == [0, 1]
+
+
+def test_rows_of_a_checkpointed_iteration_are_consumed_on_resume(tmp_path):
+    """A kill between the checkpoint and mark_consumed: the resume marks the trained rows consumed."""
+    import numpy as np
+
+    from flexmarl_jax.orchestrator.run import PENDING_TRAINED, _consume_trained_rows
+    from flexmarl_jax.store import ExperienceStore
+
+    store = ExperienceStore.open(str(tmp_path), agents=["solver"], backend="file")
+    for query in ("q0", "q1"):
+        store.append_rows("solver", input_ids=[query] * 2, trajectory_ids=[0, 1], group_size=2,
+                          policy_versions={"solver": 0},
+                          columns={"reward": np.ones(2, np.float32), "advantage": np.zeros(2, np.float32),
+                                   "prompt_tokens": [[1], [2]], "response_tokens": [[3], [4]],
+                                   "behaviour_logprobs": [[-1.0], [-1.0]]})
+    pending = tmp_path / PENDING_TRAINED
+    pending.write_text(json.dumps({"iteration": 0, "sample_ids": {"solver": ["q0_0_0", "q0_0_1"]}}))
+    _consume_trained_rows(str(tmp_path), store, start=0)  # iteration 0 not checkpointed: redone, untouched
+    assert not pending.exists() and store.counters("solver")["consumed"] == 0
+    pending.write_text(json.dumps({"iteration": 0, "sample_ids": {"solver": ["q0_0_0", "q0_0_1"]}}))
+    _consume_trained_rows(str(tmp_path), store, start=1)  # checkpointed: its rows count as consumed
+    assert not pending.exists()
+    assert store.counters("solver")["consumed"] == 2 and store.counters("solver")["ready"] == 2

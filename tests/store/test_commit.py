@@ -73,3 +73,45 @@ def test_concurrent_writers_share_transactions_and_blobs_stay_readable_until_com
     assert errors == []
     assert 1 <= committer.num_transactions <= 200
     assert committer.pending_blob("blob/0/0") is None
+
+
+@pytest.mark.timeout(60)
+def test_write_behind_returns_before_commit_keeps_blobs_readable_and_batches_transactions():
+    context = ts.Context()
+    kvstore = ts.KvStore.open({"driver": "memory"}, context=context).result()
+    committer = Committer(kvstore, write_behind=True)
+    keys = []
+    for i in range(200):
+        batch = WriteBatch()
+        key = f"blob/{i}"
+        batch.put_blob(key, key.encode())
+        seq = committer.enqueue(batch)
+        committer.settle(seq)  # never waits for the commit
+        # Either still queued (then served from the queue) or already committed by the worker.
+        pending = committer.pending_blob(key)
+        assert pending == key.encode() or (pending is None and kvstore.read(key).result().value == key.encode())
+        keys.append(key)
+    committer.flush()
+    assert all(kvstore.read(key).result().value == key.encode() for key in keys)
+    assert all(committer.pending_blob(key) is None for key in keys)
+    assert 1 <= committer.num_transactions < 200  # the worker commits what queued up meanwhile together
+    assert committer.commit_cpu_s > 0
+
+
+@pytest.mark.timeout(60)
+def test_write_behind_failure_breaks_every_later_operation():
+    from flexmarl_jax.store.commit import StoreBrokenError
+
+    context = ts.Context()
+    kvstore = ts.KvStore.open({"driver": "memory"}, context=context).result()
+    array = layout.open_array(
+        layout._zarr_spec({"driver": "memory"}, "x/", [64], [16], "int32", 0), context, create=True
+    )
+    committer = Committer(kvstore, write_behind=True)
+    bad = WriteBatch()
+    bad.write(array, slice(0, 4), np.zeros(3, np.int32))  # shape mismatch: the commit raises
+    committer.settle(committer.enqueue(bad))  # returns: the failure happens on the worker
+    with pytest.raises(StoreBrokenError):
+        committer.flush()
+    with pytest.raises(StoreBrokenError):
+        committer.enqueue(WriteBatch())

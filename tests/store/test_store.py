@@ -327,6 +327,7 @@ def test_current_versions_must_name_every_agent(store):
 
 
 def _blob_keys(store, column):
+    store.flush()  # the memory backend commits in the background
     return [
         k for k in store.kvstore.list().result() if k.startswith(f"tables/solver/blobs/{column}/".encode())
     ]
@@ -355,3 +356,77 @@ def test_blobs_without_rows_are_deleted_and_memory_frees_consumed_values(tmp_pat
     else:  # a durable store keeps its experience
         assert len(_blob_keys(store, "response_tokens")) == 4
         assert [r.tolist() for r in rows["response_tokens"][:3]] == [[7], [8], [9]]
+
+
+@pytest.mark.timeout(30)
+def test_min_rows_holds_a_partial_claim_until_enough_whole_groups():
+    store = ExperienceStore.open(None, agents=AGENTS)
+    append_group(store, "q0", 3)
+    append_group(store, "q1", 2)
+    kwargs = dict(current_versions=0, allow_partial=True, timeout=0)
+    assert store.claim_micro_batch("solver", 8, min_rows=6, **kwargs) is None  # 5 rows of whole groups < 6
+    assert store.counters("solver")["claimed"] == 0
+    append_group(store, "q2", 3)
+    batch = store.claim_micro_batch("solver", 8, min_rows=6, **kwargs)
+    assert len(batch) == 8 and batch.num_groups == 3
+    with pytest.raises(ValueError, match="min_rows"):
+        store.claim_micro_batch("solver", 4, min_rows=5, **kwargs)
+
+
+@pytest.mark.timeout(30)
+def test_until_and_wake_claims_end_a_blocked_claim_without_a_timeout():
+    store = ExperienceStore.open(None, agents=AGENTS)
+    done = threading.Event()
+    results = []
+    waiter = threading.Thread(target=lambda: results.append(
+        store.claim_micro_batch("solver", 2, current_versions=0, timeout=None, until=done)))
+    waiter.start()
+    time.sleep(0.2)
+    assert waiter.is_alive()  # blocked: no rows, no signal
+    done.set()
+    store.wake_claims()
+    waiter.join(timeout=5)
+    assert not waiter.is_alive() and results == [None]
+    # With rows there, a claim whose `until` is already set still takes them.
+    append_group(store, "q0", 2)
+    assert len(store.claim_micro_batch("solver", 2, current_versions=0, timeout=None, until=done)) == 2
+
+
+def test_mark_consumed_takes_several_batches_and_checks_all_before_changing_any():
+    store = ExperienceStore.open(None, agents=AGENTS)
+    for i in range(3):
+        append_group(store, f"q{i}", 2)
+    batches = [store.claim_micro_batch("solver", 2, current_versions=0) for _ in range(3)]
+    assert store.mark_consumed(batches[:2]) == 4
+    with pytest.raises(ValueError, match="not held"):
+        store.mark_consumed([batches[2], batches[0]])  # batches[0] is consumed already
+    assert store.counters("solver")["claimed"] == 2  # batches[2] is still held, not consumed
+    with pytest.raises(ValueError, match="repeat"):
+        store.mark_consumed([batches[2], batches[2]])
+    assert store.mark_consumed([batches[2]]) == 2
+    assert store.counters("solver")["consumed"] == 6
+    assert store.mark_consumed([]) == 0
+
+
+@pytest.mark.parametrize("backend", ["memory", "file"])
+def test_consume_rows_settles_whole_ready_groups_without_a_claim(tmp_path, backend):
+    store = ExperienceStore.open(tmp_path, agents=AGENTS, backend=backend)
+    append_group(store, "q0", 2)
+    append_group(store, "q1", 2)
+    append_group(store, "q2", 2, columns={})  # values still pending: GENERATING
+    with pytest.raises(ValueError, match="whole groups"):
+        store.consume_rows("solver", ["q0_0_0"])
+    with pytest.raises(ValueError, match="not READY"):
+        store.consume_rows("solver", ["q2_0_0", "q2_0_1"])
+    held = store.claim_micro_batch("solver", 2, current_versions=0)  # takes q0
+    with pytest.raises(ValueError, match="CLAIMED"):
+        store.consume_rows("solver", list(held.sample_ids))
+    assert store.consume_rows("solver", ["q1_0_0", "q1_0_1"]) == 2
+    assert store.consume_rows("solver", ["q1_0_0", "q1_0_1"]) == 0  # idempotent: a resume may repeat it
+    assert store.counters("solver")["consumed"] == 2
+    store.close()
+    if backend == "file":  # durable: a reopened store shows them consumed and never offers them
+        reopened = ExperienceStore.open(tmp_path, backend="file", must_exist=True)
+        assert reopened.row_states("solver", ["q1_0_0", "q1_0_1"]) == [RowState.CONSUMED] * 2
+        batch = reopened.claim_micro_batch("solver", 2, current_versions=0)
+        assert batch.group_ids == ("q0_0",)
