@@ -182,6 +182,9 @@ class TimedStore:
         self._changed = threading.Condition()
         # agent -> writes so far that can make its rows claimable; a failed claim waits for its agent's to move
         self._writes: dict[str, int] = {}
+        # (agent, MicroBatch.table_changes) -> this proxy's write count before that claim: a later claim
+        # `since` it waits for a newer write before asking the store again.
+        self._writes_at_claim: dict[tuple[str, int], int] = {}
         self.intervals: list[tuple[float, float]] = []
         # method -> [calls, wall seconds, CPU seconds of the calling thread]; wall >> CPU means the call
         # waited (for the GIL, a core, the committer), not that the store worked that long.
@@ -206,11 +209,10 @@ class TimedStore:
             return attribute
         return lambda *args, **kwargs: self._timed(name, attribute, *args, **kwargs)
 
-    def _wrote(self, agent: str | None) -> None:
-        """Rows of `agent` (None: of every agent) may have become claimable: wake its waiting claims."""
+    def _wrote(self, agent: str) -> None:
+        """Rows of `agent` may have become claimable: wake its waiting claims."""
         with self._changed:
-            for key in (self._writes if agent is None else [agent]):
-                self._writes[key] = self._writes.get(key, 0) + 1
+            self._writes[agent] = self._writes.get(agent, 0) + 1
             self._changed.notify_all()
 
     def append_rows(self, agent: str, **kwargs):
@@ -232,18 +234,30 @@ class TimedStore:
             self._wrote(batch.agent)
 
     def wake_claims(self) -> None:
+        """Waiting claims re-check their `until` event (no rows changed: they need not claim again)."""
         self._timed("wake_claims", self._store.wake_claims)
-        self._wrote(None)
+        with self._changed:
+            self._changed.notify_all()
 
     def claim_micro_batch(self, agent: str, size: int, *, timeout: float | None = 0.0,
-                          until: threading.Event | None = None, **kwargs):
+                          until: threading.Event | None = None, since: int | None = None, **kwargs):
         deadline = None if timeout is None else time.monotonic() + timeout
+        writes_seen = self._writes_at_claim.get((agent, since)) if since is not None else None
         while True:
+            if writes_seen is not None:  # the store said nothing changed since: wait for a write first
+                with self._changed:
+                    while self._writes.get(agent, 0) == writes_seen:
+                        remaining = None if deadline is None else deadline - time.monotonic()
+                        if (remaining is not None and remaining <= 0) or (until is not None and until.is_set()):
+                            return None
+                        self._changed.wait(remaining)
             with self._changed:
                 writes_seen = self._writes.setdefault(agent, 0)
             rows = self._timed("claim_micro_batch", self._store.claim_micro_batch, agent, size, timeout=0,
                                **kwargs)
             if rows is not None:
+                with self._changed:
+                    self._writes_at_claim[(agent, getattr(rows, "table_changes", None))] = writes_seen
                 return rows
             with self._changed:
                 while self._writes[agent] == writes_seen:
@@ -353,7 +367,8 @@ class ModeRun:
     """One mode's orchestrator (fresh trainers, engines and store), built, warmed up and timed step by step,
     so that `main` can interleave the modes' timed iterations."""
 
-    def __init__(self, name: str, overrides: Mapping[str, str], workload: Workload, *, seed: int, root: str):
+    def __init__(self, name: str, overrides: Mapping[str, str], workload: Workload, *, seed: int, root: str,
+                 pace_s: float = 0.0):
         from flexmarl_jax.orchestrator.run import build_orchestrator
 
         self.name, self.overrides, self.workload = name, dict(overrides), workload
@@ -371,6 +386,10 @@ class ModeRun:
         orchestrator.on_update_applied = None
         orchestrator.set_horizon(self.config.iterations)
         self.devices_of = resource_devices(self.config, self.rollout)
+        if pace_s > 0:
+            for instances in self.rollout.instances.values():
+                for instance in instances:
+                    pace_steps(instance, pace_s)
         self.iterations: list[dict[str, Any]] = []
         self.warmup_s = 0.0
         self._next_iteration = 0
@@ -465,8 +484,23 @@ class ModeRun:
         }
 
 
+def pace_steps(instance, pace_s: float) -> None:
+    """Pads every engine step of `instance` to at least `pace_s` with a sleep, as if it decoded on its own
+    accelerator where a step takes `pace_s`: the sleep frees the host's cores for the rest of the run
+    (training, other instances), which a device of its own would not have taken. Tokens are still really
+    generated. Patched on the object, so the instance keeps it when the balancer moves it."""
+    inner = instance.step
+
+    def paced_step() -> None:
+        started = time.perf_counter()
+        inner()
+        time.sleep(max(0.0, pace_s - (time.perf_counter() - started)))
+
+    instance.step = paced_step
+
+
 def run_modes(modes: Mapping[str, Mapping[str, str]], workload: Workload, *, seed: int,
-              root: str) -> dict[str, dict[str, Any]]:
+              root: str, pace_s: float = 0.0) -> dict[str, dict[str, Any]]:
     """Builds and warms up every mode, then times them in interleaved rounds: round k runs iteration k of
     every mode, starting one mode later each round, so that a change in the shared machine's load hits all
     modes alike rather than whichever mode happened to run then."""
@@ -474,7 +508,8 @@ def run_modes(modes: Mapping[str, Mapping[str, str]], workload: Workload, *, see
     try:
         for name, overrides in modes.items():
             started = time.perf_counter()
-            runs[name] = ModeRun(name, overrides, workload, seed=seed, root=root)
+            runs[name] = ModeRun(name, overrides, workload, seed=seed, root=os.path.join(root, f"pace{pace_s}"),
+                                 pace_s=pace_s)
             runs[name].warm_up()
             logger.info("mode %s ready in %.1f s (warm-up %.1f s)", name, time.perf_counter() - started,
                         runs[name].warmup_s)
@@ -526,11 +561,12 @@ def summarize(modes: Mapping[str, dict[str, Any]]) -> dict[str, Any]:
     return result
 
 
-def print_table(result: Mapping[str, Any], workload: Workload) -> None:
+def print_table(result: Mapping[str, Any], workload: Workload, *, pace_ms: float = 0.0) -> None:
     from rich.console import Console
     from rich.table import Table
 
-    table = Table(title=f"pipeline modes: chain workflow, {workload.queries_per_iteration} queries x "
+    clock = f"engine steps paced to >= {pace_ms:g} ms" if pace_ms else "raw CPU"
+    table = Table(title=f"pipeline modes ({clock}): chain workflow, {workload.queries_per_iteration} queries x "
                         f"{workload.samples_per_query} samples, long-tailed lengths <= "
                         f"{workload.max_response_length} tokens, {workload.iterations} timed iteration(s)")
     for column in ("mode", "E2E s/iter", "vs serial", "tokens/s", "device util", "rollout s", "train s*",
@@ -598,6 +634,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                         help="compile every mode from scratch (no persistent XLA cache shared between modes)")
     parser.add_argument("--instances-per-agent", type=int, default=None,
                         help="rollout instances per agent in every mode (more gives balancing something to move)")
+    parser.add_argument("--pace-ms", type=float, default=10.0,
+                        help="also run every mode with engine steps padded to this long (0: raw CPU only)")
     parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                         help="extra config override for every mode, e.g. --set rollout.decode_slots=4 (repeatable)")
     args = parser.parse_args(argv)
@@ -609,6 +647,10 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         parser.error(f"--modes: unknown mode(s) {unknown}; allowed: {', '.join(MODES)}")
     if args.iterations is not None and args.iterations < 1:
         parser.error(f"--iterations={args.iterations} must be >= 1")
+    if args.pace_ms < 0:
+        parser.error(f"--pace-ms={args.pace_ms} must be >= 0")
+    if args.quick:
+        args.pace_ms = 0.0
     return args
 
 
@@ -632,12 +674,19 @@ def main(argv: list[str] | None = None) -> int:
     started = time.perf_counter()
     with (tempfile.TemporaryDirectory(prefix="flexmarl-bench-pipeline-") as root,
           compilation_cache(None if args.no_compile_cache else os.path.join(root, "xla-cache"))):
-        modes = run_modes({name: {**MODES[name], **overrides} for name in args.modes.split(",")}, workload,
-                          seed=args.seed, root=root)
-    result = summarize(modes)
+        selected = {name: {**MODES[name], **overrides} for name in args.modes.split(",")}
+        result = summarize(run_modes(selected, workload, seed=args.seed, root=root))
+        if args.pace_ms > 0:
+            # The same modes again, with every engine step padded as if each instance had its own accelerator
+            # (see `pace_steps`): what the design gains on disaggregated hardware, measured with real engines,
+            # store and trainers. The top-level numbers stay the raw CPU ones.
+            paced = summarize(run_modes(selected, workload, seed=args.seed, root=root, pace_s=args.pace_ms / 1e3))
+            result["paced"] = {"pace_ms": args.pace_ms, **paced}
     result["workload"] = dataclasses.asdict(workload)
     result["seed"] = args.seed
     result["bench_wall_s"] = time.perf_counter() - started
     print_table(result, workload)
+    if "paced" in result:
+        print_table(result["paced"], workload, pace_ms=args.pace_ms)
     write_json(args.json, result)
     return 0

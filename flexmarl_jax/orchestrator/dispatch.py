@@ -95,7 +95,7 @@ class AgentDispatcher:
             stats.tokens += len(logprobs)
 
     def drain(self, current_versions: Mapping[str, int], rollout_done: threading.Event, stats: DispatchStats,
-              *, iteration_start: float, poll_s: float = 0.5) -> None:
+              *, iteration_start: float, poll_s: float = 5.0) -> None:
         """Claims and trains until rollout is done and nothing claimable is left."""
         try:
             self._drain(current_versions, rollout_done, stats, iteration_start=iteration_start, poll_s=poll_s)
@@ -104,6 +104,7 @@ class AgentDispatcher:
                 self.slot.release()
 
     def _drain(self, current_versions, rollout_done, stats, *, iteration_start: float, poll_s: float) -> None:
+        since = None  # set when the last claim left less than a micro-batch: wait for new rows first
         while True:
             finished = rollout_done.is_set()  # read before claiming: rows can only be added before it
             # While rollout runs, a claim blocks until an append makes a micro-batch claimable or rollout
@@ -114,16 +115,20 @@ class AgentDispatcher:
                 max_staleness=self.max_staleness, columns=CLAIM_COLUMNS,
                 allow_partial=finished or self.variable_groups,
                 min_rows=self.micro_batch_size if self.variable_groups and not finished else None,
-                timeout=0 if finished else poll_s, until=None if finished else rollout_done)
+                timeout=0 if finished else poll_s, until=None if finished else rollout_done,
+                since=None if finished else since)
             if rows is None:
                 if self.slot is not None:
                     self.slot.release()  # nothing claimable now: another agent may use the slice
                 if finished:
                     return
                 continue
+            since = rows.table_changes if rows.claimable_after < self.micro_batch_size else None
             if stats.first_claim_s is None:
                 stats.first_claim_s = self.timeline.now() - iteration_start
             self.train_claimed(rows, current_versions, stats)
+            if finished and rows.claimable_after == 0:
+                return  # every row is in the store once rollout is done, and none is left to claim
 
     def commit(self) -> int:
         """After the update is applied: the iteration's rows are consumed (durably); returns the count."""

@@ -193,8 +193,10 @@ class JointOrchestrator:
         if self.checker is not None:
             on_generated = lambda record, deps: self.checker.generated(record.sample_id, record.agent, deps)  # noqa: E731
         # Rows reach the store a micro-batch at a time: fewer, larger appends, each one claimable at once.
+        # Fewer rows than that are not claimable before the rollout ends (when the sink is flushed), so the
+        # delay bound only keeps a long rollout's store from lagging far behind for observers.
         sink = StoreSink(self.store, self._advantages, on_generated=on_generated, hold=hold_rows,
-                         rows_per_write=self.settings.micro_batch_size)
+                         rows_per_write=self.settings.micro_batch_size, max_delay_s=5.0)
         serial = self.settings.mode == "serial"
         # No explicit seed: the backend derives each request's seed from its id, which holds the
         # iteration's problem seed, so every request samples independently and reproducibly.

@@ -25,6 +25,11 @@ class MicroBatch:
     group_index: np.ndarray  # [rows] int32
     policy_versions: dict[str, np.ndarray]
     columns: dict[str, object]
+    # Rows of the agent still claimable right after this claim, and the table's change count then: a
+    # consumer for whom `claimable_after` is too few passes `since=table_changes` to its next claim, which
+    # then waits for new rows instead of looking again at the same ones.
+    claimable_after: int = 0
+    table_changes: int = 0
 
     def __len__(self) -> int:
         return len(self.rows)

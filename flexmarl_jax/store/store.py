@@ -223,6 +223,7 @@ class ExperienceStore:
         min_rows: int | None = None,
         timeout: float | None = 0.0,
         until: threading.Event | None = None,
+        since: int | None = None,
     ) -> MicroBatch | None:
         """Atomically claims ``size`` rows of ``agent`` made of whole GRPO groups, oldest groups first.
 
@@ -235,6 +236,8 @@ class ExperienceStore:
         ``timeout``: seconds to wait for enough rows (0: do not wait; None: wait forever).
         ``until``: a blocking claim also returns None once this event is set and ``wake_claims`` was called
         (a consumer's "no more rows are coming" signal, so it need not poll).
+        ``since``: an earlier claim's ``MicroBatch.table_changes``: select only once rows were appended, set
+        or released after that claim (its ``claimable_after`` said too few were left).
         ``columns``: data columns to read (default all).
         """
         if isinstance(size, bool) or not isinstance(size, (int, np.integer)) or size < 1:
@@ -253,6 +256,7 @@ class ExperienceStore:
             min_rows=1 if min_rows is None else int(min_rows),
             timeout=timeout,
             until=until,
+            since=since,
         )
 
     def wake_claims(self) -> None:

@@ -79,6 +79,7 @@ class AgentTable:
         self._arrays = {name: future.result() for name, future in futures.items()}
         self._index = RowIndex(schema)
         self._cond = threading.Condition(threading.Lock())
+        self._changes = 0  # appends, value updates and releases so far: what can make rows claimable
         self._blobs = Blobs(agent, self.specs, kvstore, committer)
         self._free_consumed_values = free_consumed_values
 
@@ -173,7 +174,7 @@ class AgentTable:
                 batch.write(self._arrays[name], rows, np.asarray(value))
             batch.write(self._counters, slice(0, 2), np.array([start + num_rows, self._blobs.next_blob_id]))
             seq = self._committer.enqueue(batch)
-            self._cond.notify_all()
+            self._note_change()
         self._committer.settle(seq)
         return sample_ids
 
@@ -287,7 +288,7 @@ class AgentTable:
             if packed:
                 batch.write(self._counters, slice(1, 2), np.array([self._blobs.next_blob_id]))
             seq = self._committer.enqueue(batch)
-            self._cond.notify_all()
+            self._note_change()
         self._committer.settle(seq)
 
     def _check_rows(self, rows: np.ndarray) -> np.ndarray:
@@ -309,6 +310,7 @@ class AgentTable:
         min_rows: int = 1,
         timeout: float | None,
         until: threading.Event | None = None,
+        since: int | None = None,
     ) -> MicroBatch | None:
         names = list(self.data_specs) if columns is None else list(columns)
         unknown = [name for name in names if name not in self.data_specs]
@@ -319,15 +321,19 @@ class AgentTable:
         deadline = None if timeout is None else time.monotonic() + timeout
         with self._cond:
             while True:
-                groups = self._select_groups(size, current, max_staleness, allow_partial, min_rows)
-                if groups is not None:
-                    break
+                if since is None or self._changes > since:  # else: nothing changed since the caller looked
+                    groups, claimable_rows = self._select_groups(size, current, max_staleness, allow_partial,
+                                                                 min_rows)
+                    if groups is not None:
+                        break
+                    since = self._changes  # select again only after a change
                 remaining = None if deadline is None else deadline - time.monotonic()
                 # `until` is read under the lock and `wake` notifies under it: a wake-up cannot be missed.
                 if (remaining is not None and remaining <= 0) or (until is not None and until.is_set()):
                     return None
                 self._cond.wait(remaining)
             claim_id, claim = self._index.claim(groups)
+            changes = self._changes
             rows = claim.rows
             index = self._index
             sample_ids = tuple(index.sample_ids[r] for r in rows.tolist())
@@ -348,15 +354,23 @@ class AgentTable:
             group_index=group_index,
             policy_versions={a: versions[:, i] for a, i in self._agent_position.items()},
             columns={name: values[name] for name in names},
+            claimable_after=claimable_rows - len(rows),
+            table_changes=changes,
         )
 
     def wake(self) -> None:
         with self._cond:
             self._cond.notify_all()
 
+    def _note_change(self) -> None:
+        """Rows may have become claimable (call with the lock held): wake claims waiting for a change."""
+        self._changes += 1
+        self._cond.notify_all()
+
     def _select_groups(
         self, size: int, current: np.ndarray, max_staleness: int, allow_partial: bool, min_rows: int = 1
-    ) -> np.ndarray | None:
+    ) -> tuple[np.ndarray | None, int]:
+        """(the groups a claim takes, or None; rows claimable in all)."""
         # An exact claim must be fillable by whole groups; a partial one takes whole groups up to `size`
         # (agents with conditional calls have groups of varying sizes).
         for group_size in [] if allow_partial else sorted(self._index.live_group_sizes()):
@@ -378,9 +392,10 @@ class AgentTable:
             if filled + group_size <= size:
                 chosen.append(group)
                 filled += group_size
+        claimable = int(total[-1]) if len(total) else 0
         if filled == size or (allow_partial and filled >= min_rows and filled > 0):
-            return np.asarray(chosen, np.int64)
-        return None
+            return np.asarray(chosen, np.int64), claimable
+        return None, claimable
 
     def consume(self, claim_ids: Sequence[int]) -> int:
         with self._cond:
@@ -425,7 +440,7 @@ class AgentTable:
         with self._cond:
             claim = self._index.take_claim(claim_id, self.agent)
             self._index.release(claim)
-            self._cond.notify_all()
+            self._note_change()
         return len(claim.rows)
 
     def drop_stale(self, current: np.ndarray, max_staleness: int) -> int:

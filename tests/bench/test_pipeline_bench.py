@@ -92,8 +92,11 @@ class FakeStore:
         self.rows += 1
         return [f"{agent}-{self.rows}"]
 
+    def wake_claims(self):
+        pass
+
     def claim_micro_batch(self, agent, size, *, timeout=0.0, **kwargs):
-        assert timeout == 0  # the proxy never blocks inside the store
+        assert timeout == 0 and "until" not in kwargs  # the proxy never blocks inside the store
         self.now += 1.0
         if self.rows == 0:
             return None
@@ -170,3 +173,21 @@ def test_quick_bench_runs_every_mode_on_the_same_workload(tmp_path):
         counts = {name: [it["requests"][agent] for it in numbers["iterations"]] for name, numbers in modes.items()}
         assert len({tuple(c) for c in counts.values()}) == 1, (agent, counts)
     assert modes["flexmarl"]["iterations"][0]["requests"]["verifier"] == pipeline.QUICK.global_batch_size
+
+
+@pytest.mark.timeout(30)
+def test_timed_store_claim_ends_on_until_and_wake_without_claiming_again():
+    store = FakeStore()
+    timed = pipeline.TimedStore(store, clock=store.clock)
+    done, results = threading.Event(), []
+    waiter = threading.Thread(target=lambda: results.append(
+        timed.claim_micro_batch("solver", 4, timeout=None, until=done)))
+    waiter.start()
+    timed.append_rows("verifier", input_ids=["v"])  # another agent's rows: the solver's claim keeps waiting
+    time.sleep(0.2)
+    assert waiter.is_alive()
+    done.set()
+    timed.wake_claims()
+    waiter.join(timeout=5)
+    assert results == [None]
+    assert timed.calls["claim_micro_batch"][0] == 1  # one attempt: neither the append nor the wake re-claims

@@ -430,3 +430,25 @@ def test_consume_rows_settles_whole_ready_groups_without_a_claim(tmp_path, backe
         assert reopened.row_states("solver", ["q1_0_0", "q1_0_1"]) == [RowState.CONSUMED] * 2
         batch = reopened.claim_micro_batch("solver", 2, current_versions=0)
         assert batch.group_ids == ("q0_0",)
+
+
+@pytest.mark.timeout(30)
+def test_claim_since_waits_for_new_rows_and_claimable_after_counts_what_is_left():
+    store = ExperienceStore.open(None, agents=AGENTS)
+    for i in range(3):
+        append_group(store, f"q{i}", 2)
+    first = store.claim_micro_batch("solver", 4, current_versions=0)
+    assert len(first) == 4 and first.claimable_after == 2  # q2 is left: less than another micro-batch
+    # Nothing changed since: a `since` claim does not select (even though q2 alone could fill size 2).
+    assert store.claim_micro_batch("solver", 2, current_versions=0, since=first.table_changes) is None
+    results = []
+    waiter = threading.Thread(target=lambda: results.append(store.claim_micro_batch(
+        "solver", 4, current_versions=0, timeout=None, since=first.table_changes)))
+    waiter.start()
+    time.sleep(0.1)
+    assert waiter.is_alive()
+    append_group(store, "q3", 2)  # a change: the waiting claim selects again and takes q2 + q3
+    waiter.join(timeout=5)
+    assert len(results) == 1 and results[0].group_ids == ("q2_0", "q3_0") and results[0].claimable_after == 0
+    store.release(first)  # a release is a change too
+    assert len(store.claim_micro_batch("solver", 4, current_versions=0, since=results[0].table_changes)) == 4
