@@ -38,20 +38,26 @@ gives, not what disaggregated hardware would.
 from __future__ import annotations
 
 import argparse
-import concurrent.futures
 import contextlib
 import dataclasses
 import logging
-import math
 import os
 import tempfile
-import threading
 import time
-import zlib
 from collections.abc import Mapping
 from typing import Any
 
 from flexmarl_jax.bench._output import write_json
+from flexmarl_jax.bench._pipeline_workload import (  # noqa: F401 - part of this benchmark's interface
+    FULL,
+    QUICK,
+    Workload,
+    WorkloadBackend,
+    length_key,
+    long_tail_length,
+    seeded_uniform,
+)
+from flexmarl_jax.bench._store_timing import TimedStore
 
 logger = logging.getLogger(__name__)
 
@@ -69,225 +75,6 @@ BASELINE_MODE = "serial"
 SYNC_MODE = "sync"
 PROPOSED_MODE = "flexmarl"
 GOALS = {"speedup_vs_serial": 3.0, "speedup_vs_sync": 1.1, "store_time_fraction": 0.03}  # issue 8's acceptance
-
-
-@dataclasses.dataclass(frozen=True)
-class Workload:
-    """What one iteration of every mode does: the batch shape of `flexmarl train` (16 queries x 8 samples,
-    micro-batches of 32), with responses long-tailed up to 128 tokens as in RL on reasoning tasks."""
-
-    queries_per_iteration: int = 16
-    samples_per_query: int = 8
-    micro_batch_size: int = 32
-    max_response_length: int = 128  # the length cap: the longest tail call
-    tail_min_length: int = 8  # the Pareto scale: the shortest call
-    tail_alpha: float = 1.0  # Pareto shape: P(length > x) = (tail_min_length / x) ** alpha
-    reject_rate: float = 0.3  # share of trajectories whose verifier rejects: the corrector's load
-    warmup_iterations: int = 1
-    iterations: int = 3  # timed; each iteration draws new queries, so more iterations average the tail draws
-
-    @property
-    def global_batch_size(self) -> int:
-        return self.queries_per_iteration * self.samples_per_query
-
-
-FULL = Workload()
-QUICK = Workload(queries_per_iteration=4, samples_per_query=4, micro_batch_size=8, max_response_length=8,
-                 tail_min_length=2, warmup_iterations=1, iterations=1)
-
-
-# ------------------------------------------------------------------------------------ long tail
-
-
-def seeded_uniform(seed: int, key: str) -> float:
-    """A uniform draw in (0, 1) that is a pure function of (seed, key)."""
-    return (zlib.crc32(f"{seed}/{key}".encode()) + 0.5) / 2**32
-
-
-def long_tail_length(key: str, *, seed: int, min_length: int, max_length: int, alpha: float) -> int:
-    """A bounded-Pareto response length in [min_length, max_length], a pure function of (seed, key)."""
-    u = seeded_uniform(seed, f"length/{key}")
-    return int(min(max_length, math.floor(min_length * u ** (-1.0 / alpha))))
-
-
-def length_key(request_id: str) -> str:
-    """`agent/input_turn_trajectory` -> `agent/input_turn`: a grouped request (`_*`) and its per-trajectory
-    twins share a key."""
-    return request_id.rsplit("_", 1)[0]
-
-
-class WorkloadBackend:
-    """Wraps the run's GenerationBackend to shape the workload the same way in every mode.
-
-    - Lengths: every request's `max_new_tokens` becomes its long-tail draw (`long_tail_length`).
-    - Skew: a completion of `verdict_agent` gets a seeded verdict line ("N" with probability `reject_rate`)
-      in front of its text, so the corrector serves ~`reject_rate` of the trajectories, as behind a verifier
-      that has learnt the format. Random-init policies almost never write a parsable verdict, which would
-      leave the corrector with no load at all. Only the text the workflow parses changes; the tokens and
-      log-probs that are trained on are the model's.
-    """
-
-    def __init__(self, backend, workload: Workload, *, seed: int, verdict_agent: str | None, reject_rate: float):
-        self.backend, self.workload, self.seed = backend, workload, seed
-        self.verdict_agent, self.reject_rate = verdict_agent, reject_rate
-
-    def length_for(self, request_id: str) -> int:
-        w = self.workload
-        return long_tail_length(length_key(request_id), seed=self.seed, min_length=w.tail_min_length,
-                                max_length=w.max_response_length, alpha=w.tail_alpha)
-
-    def verdict_for(self, request_id: str, sample: int) -> str:
-        return "N" if seeded_uniform(self.seed, f"verdict/{request_id}/{sample}") < self.reject_rate else "Y"
-
-    def submit(self, request):
-        sampling = dataclasses.replace(request.sampling, max_new_tokens=self.length_for(request.request_id))
-        inner = self.backend.submit(dataclasses.replace(request, sampling=sampling))
-        if request.agent != self.verdict_agent:
-            return inner
-        outer: concurrent.futures.Future = concurrent.futures.Future()
-        outer.set_running_or_notify_cancel()
-
-        def with_verdicts(future: concurrent.futures.Future) -> None:
-            try:
-                completions = future.result()
-            except BaseException as error:  # the executor reports it with the request id
-                outer.set_exception(error)
-                return
-            outer.set_result([
-                dataclasses.replace(c, text=f"{self.verdict_for(request.request_id, i)}\n{c.text}")
-                for i, c in enumerate(completions)])
-
-        inner.add_done_callback(with_verdicts)
-        return outer
-
-
-# ------------------------------------------------------------------------------------ store timing
-
-
-class TimedStore:
-    """A proxy over an ExperienceStore recording the interval of every call that does store work.
-
-    `claim_micro_batch(timeout>0)` becomes non-blocking claims (timed) and waits (not timed) for a write
-    through this proxy that can make the agent's rows claimable, or for its `until` event: waiting for
-    rollout to produce rows is idle time, not store time. Every store call of the orchestrator goes through
-    the proxy, so no write that could make rows ready is missed.
-
-    Args:
-      clock: seconds; pass the run's `Timeline.now` so that intervals share the timeline's clock.
-    """
-
-    def __init__(self, store, clock=time.perf_counter):
-        self._store, self._clock = store, clock
-        self._lock = threading.Lock()
-        self._changed = threading.Condition()
-        # agent -> writes so far that can make its rows claimable; a failed claim waits for its agent's to move
-        self._writes: dict[str, int] = {}
-        # (agent, MicroBatch.table_changes) -> this proxy's write count before that claim: a later claim
-        # `since` it waits for a newer write before asking the store again.
-        self._writes_at_claim: dict[tuple[str, int], int] = {}
-        self.intervals: list[tuple[float, float]] = []
-        # method -> [calls, wall seconds, CPU seconds of the calling thread]; wall >> CPU means the call
-        # waited (for the GIL, a core, the committer), not that the store worked that long.
-        self.calls: dict[str, list] = {}
-
-    def _timed(self, name: str, fn, *args, **kwargs):
-        start, cpu_start = self._clock(), time.thread_time()
-        try:
-            return fn(*args, **kwargs)
-        finally:
-            end, cpu = self._clock(), time.thread_time() - cpu_start
-            with self._lock:
-                self.intervals.append((start, end))
-                counts = self.calls.setdefault(name, [0, 0.0, 0.0])
-                counts[0] += 1
-                counts[1] += end - start
-                counts[2] += cpu
-
-    def __getattr__(self, name: str):
-        attribute = getattr(self._store, name)
-        if not callable(attribute) or name.startswith("_"):
-            return attribute
-        return lambda *args, **kwargs: self._timed(name, attribute, *args, **kwargs)
-
-    def _wrote(self, agent: str) -> None:
-        """Rows of `agent` may have become claimable: wake its waiting claims."""
-        with self._changed:
-            self._writes[agent] = self._writes.get(agent, 0) + 1
-            self._changed.notify_all()
-
-    def append_rows(self, agent: str, **kwargs):
-        try:
-            return self._timed("append_rows", self._store.append_rows, agent, **kwargs)
-        finally:
-            self._wrote(agent)
-
-    def set_columns(self, agent: str, rows, columns):
-        try:
-            return self._timed("set_columns", self._store.set_columns, agent, rows, columns)
-        finally:
-            self._wrote(agent)
-
-    def release(self, batch):
-        try:
-            return self._timed("release", self._store.release, batch)
-        finally:
-            self._wrote(batch.agent)
-
-    def wake_claims(self) -> None:
-        """Waiting claims re-check their `until` event (no rows changed: they need not claim again)."""
-        self._timed("wake_claims", self._store.wake_claims)
-        with self._changed:
-            self._changed.notify_all()
-
-    def claim_micro_batch(self, agent: str, size: int, *, timeout: float | None = 0.0,
-                          until: threading.Event | None = None, since: int | None = None, **kwargs):
-        deadline = None if timeout is None else time.monotonic() + timeout
-        writes_seen = self._writes_at_claim.get((agent, since)) if since is not None else None
-        while True:
-            if writes_seen is not None:  # the store said nothing changed since: wait for a write first
-                with self._changed:
-                    while self._writes.get(agent, 0) == writes_seen:
-                        remaining = None if deadline is None else deadline - time.monotonic()
-                        if (remaining is not None and remaining <= 0) or (until is not None and until.is_set()):
-                            return None
-                        self._changed.wait(remaining)
-            with self._changed:
-                writes_seen = self._writes.setdefault(agent, 0)
-            rows = self._timed("claim_micro_batch", self._store.claim_micro_batch, agent, size, timeout=0,
-                               **kwargs)
-            if rows is not None:
-                with self._changed:
-                    self._writes_at_claim[(agent, getattr(rows, "table_changes", None))] = writes_seen
-                return rows
-            with self._changed:
-                while self._writes[agent] == writes_seen:
-                    remaining = None if deadline is None else deadline - time.monotonic()
-                    if (remaining is not None and remaining <= 0) or (until is not None and until.is_set()):
-                        return None  # nothing of this agent changed since the failed attempt
-                    self._changed.wait(remaining)
-
-    def cpu_seconds(self) -> float:
-        """CPU seconds of store work so far: inside the calls, plus the store's background commits."""
-        with self._lock:
-            in_calls = sum(counts[2] for counts in self.calls.values())
-        return in_calls + getattr(self._store, "commit_cpu_seconds", 0.0)
-
-    def call_totals(self) -> dict[str, tuple[int, float, float]]:
-        """method -> (calls, wall seconds, CPU seconds) so far."""
-        with self._lock:
-            return {name: tuple(counts) for name, counts in self.calls.items()}
-
-    def busy_seconds(self, t0: float, t1: float) -> float:
-        """Seconds of [t0, t1] during which at least one store call was working (overlaps count once)."""
-        from flexmarl_jax.metrics import union_length
-
-        with self._lock:
-            return union_length(list(self.intervals), t0, t1)
-
-    def summed_seconds(self, t0: float, t1: float) -> float:
-        """Seconds of store calls clipped to [t0, t1], summed over threads."""
-        with self._lock:
-            return sum(max(0.0, min(end, t1) - max(start, t0)) for start, end in self.intervals)
 
 
 # ------------------------------------------------------------------------------------ one mode
