@@ -16,6 +16,7 @@ import numpy as np
 import tensorstore as ts
 
 from flexmarl_jax.store import layout
+from flexmarl_jax.store.append_input import check_append, coerce_data
 from flexmarl_jax.store.batch import MicroBatch
 from flexmarl_jax.store.blobs import Blobs
 from flexmarl_jax.store.commit import Committer, WriteBatch
@@ -23,13 +24,10 @@ from flexmarl_jax.store.index import RowIndex
 from flexmarl_jax.store.schema import (
     STATUS_PREFIX,
     VERSION_PREFIX,
-    ColumnSpec,
     RowState,
     TableSchema,
 )
-from flexmarl_jax.store.values import coerce_column, coerce_scalar, pack_blob
-
-_INT32 = ColumnSpec("_", "int32", "meta")
+from flexmarl_jax.store.values import pack_blob
 
 
 def _as_index(rows: np.ndarray) -> slice | np.ndarray:
@@ -95,30 +93,17 @@ class AgentTable:
         group_ids: Sequence[str] | None = None,
         columns: Mapping[str, object] | None = None,
     ) -> list[str]:
-        if isinstance(input_ids, (str, bytes)) or not isinstance(input_ids, (Sequence, np.ndarray)):
-            raise TypeError(f"input_ids must be a list of str or int, got {type(input_ids).__name__}")
-        num_rows = len(input_ids)
-        if num_rows == 0:
-            return []
-        for input_id in input_ids:
-            if isinstance(input_id, bool) or not isinstance(input_id, (str, int, np.integer)):
-                raise TypeError(f"input_id {input_id!r} must be a str or an int")
-        input_ids = [str(x) for x in input_ids]
-        turns = coerce_scalar(ColumnSpec("turns", "int32", "meta"), turns, num_rows)
-        trajectory_ids = coerce_scalar(
-            ColumnSpec("trajectory_ids", "int32", "meta"), trajectory_ids, num_rows
+        rows_in = check_append(
+            self.agent, self.schema, self.data_specs, input_ids=input_ids, trajectory_ids=trajectory_ids,
+            group_size=group_size, policy_versions=policy_versions, turns=turns, group_ids=group_ids,
+            columns=columns,
         )
-        if isinstance(group_size, bool) or not isinstance(group_size, (int, np.integer)) or group_size < 1:
-            raise ValueError(f"group_size={group_size!r} must be a positive int (rows per GRPO group)")
-        sample_ids = [
-            f"{i}_{t}_{j}" for i, t, j in zip(input_ids, turns.tolist(), trajectory_ids.tolist(), strict=True)
-        ]
-        if group_ids is None:
-            group_keys = [f"{i}_{t}" for i, t in zip(input_ids, turns.tolist(), strict=True)]
-        else:
-            group_keys = coerce_column(ColumnSpec("group_ids", "str", "meta"), group_ids, num_rows)
-        versions = self._coerce_versions(policy_versions, num_rows)
-        values = self._coerce_data(columns or {}, num_rows)
+        if rows_in is None:
+            return []
+        num_rows, input_ids, turns, trajectory_ids = (
+            rows_in.num_rows, rows_in.input_ids, rows_in.turns, rows_in.trajectory_ids)
+        sample_ids, group_keys, versions, values = (
+            rows_in.sample_ids, rows_in.group_keys, rows_in.versions, rows_in.values)
         packed = {
             name: pack_blob(self.specs[name], v, 0) for name, v in values.items() if isinstance(v, list)
         }
@@ -178,47 +163,6 @@ class AgentTable:
         self._committer.settle(seq)
         return sample_ids
 
-    def _coerce_versions(self, policy_versions: Mapping[str, object], num_rows: int) -> np.ndarray:
-        """[rows, agents] int64, -1 for agents the rows do not depend on."""
-        if not isinstance(policy_versions, Mapping):
-            raise TypeError(
-                f"policy_versions must be a dict agent -> version, got {type(policy_versions).__name__}"
-            )
-        unknown = sorted(set(policy_versions) - set(self._agent_position))
-        if unknown:
-            raise ValueError(
-                f"policy_versions names unknown agent(s) {unknown}; agents: {list(self.schema.agents)}"
-            )
-        if self.agent not in policy_versions:
-            raise ValueError(
-                f"policy_versions must include the row's own agent {self.agent!r} (the version it was "
-                f"generated under); got {sorted(policy_versions)}"
-            )
-        versions = np.full((num_rows, len(self._agent_position)), -1, np.int64)
-        for agent, value in policy_versions.items():
-            column = coerce_scalar(
-                ColumnSpec(f"policy_versions[{agent!r}]", "int64", "meta"), value, num_rows
-            )
-            if (column < 0).any():
-                raise ValueError(
-                    f"policy_versions[{agent!r}] has a negative version {column.min()}; versions are >= 0"
-                )
-            versions[:, self._agent_position[agent]] = column
-        return versions
-
-    def _coerce_data(self, columns: Mapping[str, object], num_rows: int) -> dict[str, object]:
-        if not isinstance(columns, Mapping):
-            raise TypeError(f"columns must be a dict name -> values, got {type(columns).__name__}")
-        unknown = [name for name in columns if name not in self.data_specs]
-        if unknown:
-            raise ValueError(
-                f"column(s) {unknown} are not declared for agent {self.agent!r}; data columns: "
-                f"{list(self.data_specs)} (declare more with extra_columns=...)"
-            )
-        return {
-            name: coerce_column(self.data_specs[name], values, num_rows) for name, values in columns.items()
-        }
-
     def _free_values(self, batch: WriteBatch, rows: np.ndarray) -> None:
         """Consumed/dropped rows give up their sequence values when the store frees them (memory default);
         otherwise the values stay stored and only leave the read cache."""
@@ -243,7 +187,7 @@ class AgentTable:
                 f"rows must be a list of sample ids or an int array of rows, got {type(rows).__name__}"
             )
         num_rows = len(rows)
-        values = self._coerce_data(columns, num_rows)
+        values = coerce_data(self.agent, self.data_specs, columns, num_rows)
         if not values or num_rows == 0:
             return
         packed = {
