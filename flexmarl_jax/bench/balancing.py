@@ -32,15 +32,11 @@ import time
 from typing import Any
 
 from flexmarl_jax.bench._output import write_json
+from flexmarl_jax.mesh.host_devices import fake_cpu_devices
 
 logger = logging.getLogger(__name__)
 
 
-def _fake_devices(count: int) -> None:
-    # Takes effect only if JAX has not initialised its backends yet (as with `flexmarl bench balancing`).
-    flags = os.environ.get("XLA_FLAGS", "")
-    if "xla_force_host_platform_device_count" not in flags:
-        os.environ["XLA_FLAGS"] = f"{flags} --xla_force_host_platform_device_count={count}".strip()
 
 
 class Fleet:
@@ -84,20 +80,15 @@ class Fleet:
         self.agent_params = {agent: (params, 0) for agent, params in agent_params.items()}
 
     def instances(self, pace_s: float = 0.0) -> dict[str, list[Any]]:
+        from flexmarl_jax.bench._pacing import pace_steps
         from flexmarl_jax.rollout.instance import EngineInstance
 
-        class PacedInstance(EngineInstance):
-            """Pads every step to `pace_s` (an accelerator step's time) with a sleep that frees the cores."""
-
-            def step(self) -> None:
-                started = time.perf_counter()
-                super().step()
-                time.sleep(max(0.0, pace_s - (time.perf_counter() - started)))
-
-        kind = PacedInstance if pace_s > 0 else EngineInstance
         out: dict[str, list[Any]] = {agent: [] for agent in self.agents}
         for number, (engine, params, agent) in enumerate(zip(self.engines, self.params, self.home, strict=True)):
-            out[agent].append(kind(engine, params, name=f"instance{number}"))
+            instance = EngineInstance(engine, params, name=f"instance{number}")
+            if pace_s > 0:
+                pace_steps(instance, pace_s)
+            out[agent].append(instance)
         return out
 
 
@@ -188,7 +179,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
-    _fake_devices(args.agents * args.instances_per_agent)
+    fake_cpu_devices(args.agents * args.instances_per_agent)
     from rich.console import Console
     from rich.table import Table
 

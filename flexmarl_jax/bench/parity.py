@@ -23,6 +23,7 @@ import time
 import numpy as np
 
 from flexmarl_jax.bench._output import write_json
+from flexmarl_jax.mesh.host_devices import fake_cpu_devices
 
 THRESHOLDS = {
     "qwen2_max_abs_diff": 1e-4,
@@ -271,9 +272,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--workdir", help="keep the checkpoints here (default: a temporary directory)")
     args = parser.parse_args(argv)
     # The sharded check wants 8 devices; on CPU fake them (takes effect if JAX is not initialised yet).
-    flags = os.environ.get("XLA_FLAGS", "")
-    if "xla_force_host_platform_device_count" not in flags:
-        os.environ["XLA_FLAGS"] = (flags + " --xla_force_host_platform_device_count=8").strip()
+    fake_cpu_devices(8)
 
     start = time.perf_counter()
     if args.workdir:

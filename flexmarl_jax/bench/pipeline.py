@@ -48,6 +48,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from flexmarl_jax.bench._output import write_json
+from flexmarl_jax.bench._pacing import pace_steps
 from flexmarl_jax.bench._pipeline_workload import (  # noqa: F401 - part of this benchmark's interface
     FULL,
     QUICK,
@@ -58,6 +59,7 @@ from flexmarl_jax.bench._pipeline_workload import (  # noqa: F401 - part of this
     seeded_uniform,
 )
 from flexmarl_jax.bench._store_timing import TimedStore
+from flexmarl_jax.mesh.host_devices import fake_cpu_devices
 
 logger = logging.getLogger(__name__)
 
@@ -271,21 +273,6 @@ class ModeRun:
         }
 
 
-def pace_steps(instance, pace_s: float) -> None:
-    """Pads every engine step of `instance` to at least `pace_s` with a sleep, as if it decoded on its own
-    accelerator where a step takes `pace_s`: the sleep frees the host's cores for the rest of the run
-    (training, other instances), which a device of its own would not have taken. Tokens are still really
-    generated. Patched on the object, so the instance keeps it when the balancer moves it."""
-    inner = instance.step
-
-    def paced_step() -> None:
-        started = time.perf_counter()
-        inner()
-        time.sleep(max(0.0, pace_s - (time.perf_counter() - started)))
-
-    instance.step = paced_step
-
-
 def run_modes(modes: Mapping[str, Mapping[str, str]], workload: Workload, *, seed: int,
               root: str, pace_s: float = 0.0) -> dict[str, dict[str, Any]]:
     """Builds and warms up every mode, then times them in interleaved rounds: round k runs iteration k of
@@ -378,11 +365,6 @@ def print_table(result: Mapping[str, Any], workload: Workload, *, pace_ms: float
             console.print(f"{PROPOSED_MODE} {key}: {result[key]:.3f}")
 
 
-def _fake_devices(count: int) -> None:
-    # Takes effect only if JAX has not initialised its backends yet (as with `flexmarl bench pipeline`).
-    flags = os.environ.get("XLA_FLAGS", "")
-    if "xla_force_host_platform_device_count" not in flags:
-        os.environ["XLA_FLAGS"] = f"{flags} --xla_force_host_platform_device_count={count}".strip()
 
 
 @contextlib.contextmanager
@@ -457,7 +439,7 @@ def main(argv: list[str] | None = None) -> int:
         per_agent = (args.instances_per_agent * config.mesh.rollout_devices_per_instance
                      + config.mesh.train_devices_per_agent)
         devices = max(devices, len(config.workflow.agents) * per_agent)
-    _fake_devices(devices)
+    fake_cpu_devices(devices)
     started = time.perf_counter()
     with (tempfile.TemporaryDirectory(prefix="flexmarl-bench-pipeline-") as root,
           compilation_cache(None if args.no_compile_cache else os.path.join(root, "xla-cache"))):

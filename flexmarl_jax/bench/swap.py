@@ -28,7 +28,6 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import heapq
-import os
 import statistics
 import tempfile
 import time
@@ -36,16 +35,12 @@ from collections import deque
 
 from flexmarl_jax.bench import _swap_orchestrated
 from flexmarl_jax.bench._output import write_json
+from flexmarl_jax.mesh.host_devices import fake_cpu_devices
 
 AGENT_SHARES = {"solver": 1.0, "verifier": 1.0, "corrector": 0.3}  # fraction of trajectories per agent
 CHAIN = ("solver", "verifier", "corrector")
 
 
-def _fake_devices(count: int) -> None:
-    # Takes effect only if JAX has not initialised its backends yet (as with `flexmarl bench swap`).
-    flags = os.environ.get("XLA_FLAGS", "")
-    if "xla_force_host_platform_device_count" not in flags:
-        os.environ["XLA_FLAGS"] = f"{flags} --xla_force_host_platform_device_count={count}".strip()
 
 
 # ------------------------------------------------------------------------------------ models
@@ -476,7 +471,7 @@ def main(argv: list[str] | None = None) -> int:
     if not 1 <= args.pool_slices <= len(CHAIN):
         parser.error(f"--pool-slices={args.pool_slices} must be in 1..{len(CHAIN)} "
                      f"(agents: {', '.join(CHAIN)})")
-    _fake_devices(args.devices)
+    fake_cpu_devices(args.devices)
 
     started = time.perf_counter()
     result = measure_packing(args.repeats)

@@ -41,23 +41,23 @@ def _split_config_args(argv: list[str]) -> tuple[str | None, dict[str, str], lis
     return spec, overrides, rest
 
 
-def resolve_config(argv: list[str], *, available_devices: int | None = None):
+def resolve_config(argv: list[str]):
     """Loads, overrides and validates the config named in `argv`; returns (config, remaining args)."""
     from flexmarl_jax.config import apply_overrides, load_config, validate_config
 
     spec, overrides, rest = _split_config_args(argv)
     config = load_config(spec)
     apply_overrides(config, overrides)
-    validate_config(config, available_devices=available_devices)
+    validate_config(config)
     return config, rest
 
 
 def _prepare_devices(fake_cpu_devices: int) -> int:
     """Fakes CPU devices (before JAX is imported) and returns the device count JAX sees."""
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")  # JetStream pulls in TensorFlow, which is chatty
-    flags = os.environ.get("XLA_FLAGS", "")
-    if "xla_force_host_platform_device_count" not in flags:
-        os.environ["XLA_FLAGS"] = f"{flags} --xla_force_host_platform_device_count={fake_cpu_devices}".strip()
+    from flexmarl_jax.mesh.host_devices import fake_cpu_devices as fake
+
+    fake(fake_cpu_devices)
     import jax
 
     if os.environ.get("FLEXMARL_DISTRIBUTED") == "1":  # multi-host (TPU pod): one process per host
@@ -74,7 +74,9 @@ def cmd_train(argv: list[str]) -> int:
     config, rest = resolve_config(argv)  # validate fields before touching JAX
     args = parser.parse_args(rest)
     device_count = _prepare_devices(config.mesh.fake_cpu_devices)
-    config, _ = resolve_config(argv, available_devices=device_count)
+    from flexmarl_jax.config import check_devices
+
+    check_devices(config, device_count)  # the rest was validated above
     if args.workdir:
         config.workdir = args.workdir
     try:

@@ -190,16 +190,19 @@ def validate_config(config: ml_collections.ConfigDict, *, available_devices: int
         raise ConfigError(f"config.mesh.train_slices={config.mesh.train_slices} must be in 0..{len(config.agents)} "
                           "(the number of agents; 0 = a dedicated training slice per agent)")
     if available_devices is not None:
-        needed = devices_needed(config)
-        if needed > available_devices and config.mesh.train_slices:
-            raise ConfigError(
-                f"config.mesh needs {needed} devices ({len(config.agents)} agents x "
-                f"{config.rollout.instances_per_agent} instances x {config.mesh.rollout_devices_per_instance} + "
-                f"mesh.train_slices={config.mesh.train_slices} x mesh.train_devices_per_agent="
-                f"{config.mesh.train_devices_per_agent}) but {available_devices} exist")
-        if needed > available_devices:
-            raise ConfigError(
-                f"config.mesh needs {needed} devices ({len(config.agents)} agents x "
-                f"({config.rollout.instances_per_agent} instances x {config.mesh.rollout_devices_per_instance} "
-                f"+ mesh.train_devices_per_agent={config.mesh.train_devices_per_agent})) "
-                f"but {available_devices} exist")
+        check_devices(config, available_devices)
+
+
+def check_devices(config: ml_collections.ConfigDict, available_devices: int) -> None:
+    """Raises ConfigError when the config's meshes need more devices than exist."""
+    needed = devices_needed(config)
+    if needed <= available_devices:
+        return
+    agents, mesh = len(config.agents), config.mesh
+    instances = f"{config.rollout.instances_per_agent} instances x {mesh.rollout_devices_per_instance}"
+    if mesh.train_slices:
+        breakdown = (f"{agents} agents x {instances} + mesh.train_slices={mesh.train_slices} x "
+                     f"mesh.train_devices_per_agent={mesh.train_devices_per_agent}")
+    else:
+        breakdown = f"{agents} agents x ({instances} + mesh.train_devices_per_agent={mesh.train_devices_per_agent})"
+    raise ConfigError(f"config.mesh needs {needed} devices ({breakdown}) but {available_devices} exist")

@@ -237,9 +237,7 @@ def _count_attempt(workdir: str, iteration: int) -> int:
             attempts = json.load(handle)
     previous = int(attempts.get(str(iteration), 0))
     attempts[str(iteration)] = previous + 1
-    with open(path + ".tmp", "w") as handle:
-        json.dump(attempts, handle)
-    os.replace(path + ".tmp", path)
+    _write_json_atomically(path, attempts)
     return previous
 
 

@@ -42,15 +42,13 @@ class StoreSink:
         training must not feed the current iteration's claims).
       rows_per_write: write an agent's complete groups once they hold this many rows (its trainer's micro-
         batch: fewer rows are not claimable before the rollout ends anyway), or once the oldest has waited
-        `max_delay_s`; `flush()` writes everything. None: write whatever is complete every BATCH_WINDOW_S.
+        `max_delay_s`; `flush()` writes everything.
     Call `flush()` before declaring the rollout finished, and `close()` when done with the sink.
     """
 
-    BATCH_WINDOW_S = 0.02
-
-    def __init__(self, store: ExperienceStore, advantage_fn: AdvantageFn, *,
+    def __init__(self, store: ExperienceStore, advantage_fn: AdvantageFn, *, rows_per_write: int,
                  on_generated: Callable[[CallRecord, dict], None] | None = None, hold: bool = False,
-                 rows_per_write: int | None = None, max_delay_s: float = 0.5):
+                 max_delay_s: float = 0.5):
         self.store, self.advantage_fn = store, advantage_fn
         self.rows_per_write, self.max_delay_s = rows_per_write, max_delay_s
         self._on_generated = on_generated
@@ -155,7 +153,7 @@ class StoreSink:
 
     def _take_due(self) -> tuple[list[_Group], float | None]:
         """(groups to write now, seconds until more fall due or None). Call with the lock held."""
-        if self._flushing or self._stopping or self.rows_per_write is None:
+        if self._flushing or self._stopping:
             return self._to_write, None
         rows: collections.Counter = collections.Counter()
         oldest: dict[str, float] = {}
@@ -175,10 +173,6 @@ class StoreSink:
                     if self._stopping and (self._holding or not self._to_write):
                         return
                     if not self._holding and self._to_write:
-                        if self.rows_per_write is None and not self._flushing:
-                            # Let more groups complete first: fewer, larger store transactions; rows
-                            # become claimable at most BATCH_WINDOW_S later.
-                            self._cond.wait(timeout=self.BATCH_WINDOW_S)
                         batch, wait_s = self._take_due()
                         if batch:
                             break
