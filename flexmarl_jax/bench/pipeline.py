@@ -298,11 +298,6 @@ def run_modes(modes: Mapping[str, Mapping[str, str]], workload: Workload, *, see
     return {name: run.summary() for name, run in runs.items()}
 
 
-def run_mode(name: str, overrides: Mapping[str, str], workload: Workload, *, seed: int, root: str) -> dict[str, Any]:
-    """One mode alone: build, warm up, time `workload.iterations` iterations."""
-    return run_modes({name: overrides}, workload, seed=seed, root=root)[name]
-
-
 # ------------------------------------------------------------------------------------ report
 
 

@@ -195,14 +195,6 @@ class TrainingSlicePool:
             self._cond.notify_all()
             return interval
 
-    @contextlib.contextmanager
-    def lease(self, agent: str, *, timeout: float | None = None) -> Iterator[SliceLease]:
-        granted = self.acquire(agent, timeout=timeout)
-        try:
-            yield granted
-        finally:
-            self.release(agent)
-
     def _check_not_holding(self, agent: str) -> None:
         if agent in self._leases:
             raise RuntimeError(f"agent {agent!r} already holds training slice "
@@ -226,18 +218,6 @@ class TrainingSlicePool:
         return ", ".join(f"slice{i}={holder or 'free'}" for i, holder in enumerate(self._holder))
 
     # ------------------------------------------------------------------------------- accounting
-
-    def holder(self, slice_index: int) -> str | None:
-        with self._cond:
-            return self._holder[slice_index]
-
-    def lease_of(self, agent: str) -> SliceLease | None:
-        with self._cond:
-            return self._leases.get(agent)
-
-    def last_slice(self, agent: str) -> int | None:
-        with self._cond:
-            return self._last_slice.get(agent)
 
     def intervals(self, *, include_open: bool = True) -> list[BusyInterval]:
         """Busy intervals of every slice (open leases end now when ``include_open``)."""

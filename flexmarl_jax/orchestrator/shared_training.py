@@ -167,10 +167,6 @@ class SharedTraining:
     def num_slices(self) -> int:
         return self.pool.num_slices
 
-    def release_all(self) -> None:
-        for trainer in self.trainers.values():
-            trainer.release()
-
     def stats(self) -> dict[str, Any]:
         """The residency's move counts and seconds (cumulative over the run)."""
         stats = self.residency.stats

@@ -160,10 +160,6 @@ class RolloutLoop:
         return sum(1 for w in self._queue if w.waiting)
 
     @property
-    def queued_samples(self) -> int:
-        return sum(len(w.waiting) for w in self._queue)
-
-    @property
     def active_slots(self) -> int:
         return sum(1 for s in self._slots if s is not None)
 

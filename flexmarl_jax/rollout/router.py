@@ -39,7 +39,6 @@ from typing import Any
 from flexmarl_jax.rollout.backend import EngineBackend
 from flexmarl_jax.rollout.engine import SlotSampling, pad_prompt
 from flexmarl_jax.rollout.loop import RolloutRequest, SequenceResult
-from flexmarl_jax.rollout.periodic import PeriodicThread
 from flexmarl_jax.workflows.generation import Completion, GenerationRequest
 
 logger = logging.getLogger(__name__)
@@ -201,12 +200,6 @@ class RequestRouter:
 
     def instance_counts(self) -> dict[str, int]:
         return {agent: self.num_instances(agent) for agent in self._queues}
-
-    def agent_of(self, instance_name: str) -> str:
-        """The agent an instance serves (or is being moved to)."""
-        with self._lock:
-            member = self._members[instance_name]
-            return member.target_agent if member.state in (DRAINING, LOADING) else member.agent
 
     def members(self) -> list[_Member]:
         with self._lock:
@@ -526,22 +519,6 @@ class RequestRouter:
                 job.future.set_exception(error)
                 if job.request.on_error is not None:
                     job.request.on_error(error)
-
-
-class TimeoutMonitor:
-    """A daemon thread calling `router.check_timeouts()` every `interval_s` (only when a timeout is set)."""
-
-    def __init__(self, router: RequestRouter, interval_s: float = 0.1):
-        self.router, self.interval_s = router, interval_s
-        self._checker = PeriodicThread("router-timeouts", interval_s, router.check_timeouts)
-
-    def start(self) -> TimeoutMonitor:
-        if self.router.timeout_s is not None:
-            self._checker.start()
-        return self
-
-    def stop(self) -> None:
-        self._checker.stop()
 
 
 class RoutedBackend(EngineBackend):

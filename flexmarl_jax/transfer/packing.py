@@ -192,7 +192,8 @@ def _common_mesh(shardings: Sequence[Sharding]) -> Mesh | None:
     return mesh if all(s.mesh == mesh for s in shardings) else None
 
 
-def _layout_for(shapes, dtypes, shardings) -> PackedLayout | None:
+def layout_for(shapes, dtypes, shardings: Sequence[Sharding]) -> PackedLayout | None:
+    """The packed layout for these leaves, or None when they are not all NamedSharding on one mesh."""
     mesh = _common_mesh(shardings)
     if mesh is None:
         return None
@@ -289,11 +290,6 @@ class HostPacked:
         return arrays
 
 
-def layout_for(shapes, dtypes, shardings: Sequence[Sharding]) -> PackedLayout | None:
-    """The packed layout for these leaves, or None when they are not all NamedSharding on one mesh."""
-    return _layout_for(shapes, dtypes, shardings)
-
-
 def same_arrangement(a: PackedLayout, b: PackedLayout) -> bool:
     """True when buffers packed for ``a`` unpack correctly with ``b`` (same mesh shape and specs)."""
     return a is b or (a.specs == b.specs and a.shapes == b.shapes and a.dtypes == b.dtypes
@@ -356,7 +352,7 @@ def _put_and_unpack(host_buffers: Sequence[np.ndarray], direct: Sequence[np.ndar
 
 def device_to_host(arrays: Sequence[jax.Array], *, packed: bool = True) -> list[np.ndarray]:
     """Copies device arrays to full (unsharded) host numpy arrays."""
-    layout = _layout_for([a.shape for a in arrays], [a.dtype for a in arrays], [a.sharding for a in arrays]) \
+    layout = layout_for([a.shape for a in arrays], [a.dtype for a in arrays], [a.sharding for a in arrays]) \
         if packed else None
     if layout is None:
         return [np.asarray(jax.device_get(array)) for array in arrays]
@@ -368,7 +364,7 @@ def host_to_device(host_arrays: Sequence[np.ndarray], shardings: Sequence[Shardi
     """Puts full host arrays onto devices with the given per-leaf shardings."""
     if len(host_arrays) != len(shardings):
         raise ValueError(f"got {len(host_arrays)} arrays but {len(shardings)} shardings")
-    layout = _layout_for([a.shape for a in host_arrays], [a.dtype for a in host_arrays], shardings) \
+    layout = layout_for([a.shape for a in host_arrays], [a.dtype for a in host_arrays], shardings) \
         if packed else None
     if layout is None:
         return [jax.device_put(a, s) for a, s in zip(host_arrays, shardings, strict=True)]
@@ -394,8 +390,8 @@ def device_to_device(arrays: Sequence[jax.Array], shardings: Sequence[Sharding],
     if not packed:
         return [jax.device_put(array, sharding) for array, sharding in zip(arrays, shardings, strict=True)]
     shapes, dtypes = [a.shape for a in arrays], [a.dtype for a in arrays]
-    source = source_layout or _layout_for(shapes, dtypes, [a.sharding for a in arrays])
-    target = target_layout or _layout_for(shapes, dtypes, shardings)
+    source = source_layout or layout_for(shapes, dtypes, [a.sharding for a in arrays])
+    target = target_layout or layout_for(shapes, dtypes, shardings)
     if source is None or target is None:
         return [jax.device_put(array, sharding) for array, sharding in zip(arrays, shardings, strict=True)]
     if not same_arrangement(source, target):

@@ -10,8 +10,6 @@ import concurrent.futures
 import dataclasses
 from typing import Protocol, runtime_checkable
 
-FINISH_REASONS = ("stop", "length", "aborted")
-
 
 @dataclasses.dataclass(frozen=True)
 class SamplingParams:

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import concurrent.futures
 import dataclasses
-import math
 import random
 import threading
 import time
@@ -43,11 +42,6 @@ def long_tail_latency(base_s: float, tail_s: float, tail_probability: float, jit
         return (tail_s if rng.random() < tail_probability else base_s) * scale
 
     return latency
-
-
-def lognormal_latency(median_s: float, sigma: float) -> Latency:
-    """Log-normal latency (heavy right tail for sigma ≳ 1)."""
-    return lambda request, sample_index, rng: median_s * math.exp(sigma * rng.gauss(0.0, 1.0))
 
 
 def char_encode(text: str) -> list[int]:

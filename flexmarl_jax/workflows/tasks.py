@@ -13,15 +13,12 @@ from __future__ import annotations
 import dataclasses
 import itertools
 import random
-import re
 import string
 from collections.abc import Callable, Mapping
 from fractions import Fraction
 from typing import Any, Protocol
 
 from flexmarl_jax.workflows import verifiers
-
-_TASK_NAME = re.compile(r"[A-Za-z][A-Za-z0-9]*")
 
 
 @dataclasses.dataclass(frozen=True)
