@@ -15,6 +15,7 @@ from flexmarl_jax.store.values import coerce_column, coerce_scalar
 @dataclasses.dataclass(frozen=True)
 class AppendInput:
     num_rows: int
+    group_size: int  # rows each row's GRPO group will hold in total
     input_ids: list[str]
     turns: np.ndarray  # [rows] int32
     trajectory_ids: np.ndarray  # [rows] int32
@@ -47,7 +48,7 @@ def check_append(agent: str, schema: TableSchema, data_specs: Mapping[str, Colum
     else:
         group_keys = coerce_column(ColumnSpec("group_ids", "str", "meta"), group_ids, num_rows)
     return AppendInput(
-        num_rows=num_rows, input_ids=input_ids, turns=turns, trajectory_ids=trajectory_ids,
+        num_rows=num_rows, group_size=int(group_size), input_ids=input_ids, turns=turns, trajectory_ids=trajectory_ids,
         sample_ids=sample_ids, group_keys=group_keys,
         versions=coerce_versions(agent, schema, policy_versions, num_rows),
         values=coerce_data(agent, data_specs, columns or {}, num_rows))

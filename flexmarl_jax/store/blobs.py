@@ -58,30 +58,20 @@ class Blobs:
     def forget(self, name: str, blob_ids: np.ndarray) -> None:
         """Rows pointing at ``blob_ids`` [rows] are done (consumed, dropped or overwritten): blobs no longer
         needed by any live row leave the cache (the stored blob is untouched)."""
-        for blob_id, count in collections.Counter(blob_ids[blob_ids > 0].tolist()).items():
-            key = name, blob_id
-            left = self._cached_rows.get(key, 0) - count
-            if left > 0:
-                self._cached_rows[key] = left
-            else:
-                self._cached_rows.pop(key, None)
-                self._cache.pop(key, None)
+        for blob_id in _decrement(self._cached_rows, name, _counts(blob_ids)):
+            self._cache.pop((name, blob_id), None)
 
     def count_loaded(self, name: str, blob_ids: np.ndarray) -> None:
-        ids, counts = np.unique(blob_ids[blob_ids > 0], return_counts=True)
-        for blob_id, count in zip(ids.tolist(), counts.tolist(), strict=True):
+        for blob_id, count in _counts(blob_ids).items():
             self._rows[name, blob_id] = count
 
     def release(self, batch: WriteBatch, name: str, blob_ids: np.ndarray) -> None:
         """``blob_ids`` [rows] no longer hold these rows' values; deletes blobs left without rows."""
-        self.forget(name, blob_ids)
-        for blob_id, count in collections.Counter(blob_ids[blob_ids > 0].tolist()).items():
-            left = self._rows.get((name, blob_id), 0) - count
-            if left > 0:
-                self._rows[name, blob_id] = left
-            else:
-                self._rows.pop((name, blob_id), None)
-                batch.delete_blob(layout.blob_key(self.agent, name, blob_id))
+        counts = _counts(blob_ids)
+        for blob_id in _decrement(self._cached_rows, name, counts):
+            self._cache.pop((name, blob_id), None)
+        for blob_id in _decrement(self._rows, name, counts):
+            batch.delete_blob(layout.blob_key(self.agent, name, blob_id))
 
     def read(self, refs: dict[str, np.ndarray], *, missing_ok: bool = False) -> dict[str, list]:
         """Values of by-reference columns (None where never set): one ranged read per (column, blob).
@@ -134,3 +124,21 @@ class Blobs:
                     values[position] = value
             out[name] = values
         return out
+
+
+def _counts(blob_ids: np.ndarray) -> collections.Counter:
+    """Rows per blob id (0, "no value", left out)."""
+    return collections.Counter(blob_ids[blob_ids > 0].tolist())
+
+
+def _decrement(rows: dict[tuple[str, int], int], name: str, counts: collections.Counter) -> list[int]:
+    """Takes ``counts`` off ``rows[name, blob_id]``; returns the blob ids left with none (removed)."""
+    emptied = []
+    for blob_id, count in counts.items():
+        left = rows.get((name, blob_id), 0) - count
+        if left > 0:
+            rows[name, blob_id] = left
+        else:
+            rows.pop((name, blob_id), None)
+            emptied.append(blob_id)
+    return emptied

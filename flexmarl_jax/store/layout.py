@@ -19,7 +19,7 @@ import os
 import numpy as np
 import tensorstore as ts
 
-from flexmarl_jax.store.schema import ColumnSpec
+from flexmarl_jax.store.schema import VERSION_PREFIX, ColumnSpec
 
 MAX_ROWS = 2**40  # arrays are sparse: unwritten chunks cost nothing
 STORE_DIRNAME = "store"
@@ -65,7 +65,7 @@ def counters_key(agent: str) -> str:
 def fill_value(spec: ColumnSpec) -> object:
     if spec.by_reference:
         return 0
-    if spec.name.startswith("version__"):
+    if spec.name.startswith(VERSION_PREFIX):
         return -1
     if spec.dtype.kind == "f":
         return "NaN"

@@ -23,6 +23,7 @@ import numpy as np
 import tensorstore as ts
 
 from flexmarl_jax.store import layout
+from flexmarl_jax.store.append_input import check_append
 from flexmarl_jax.store.batch import MicroBatch
 from flexmarl_jax.store.commit import Committer
 from flexmarl_jax.store.schema import RowState, TableSchema
@@ -192,15 +193,11 @@ class ExperienceStore:
         Raises ValueError/TypeError (and writes nothing) for an unknown agent or column, a wrong dtype, a
         duplicate sample id or a group that would exceed its size.
         """
-        return self._table(agent).append(
-            input_ids=input_ids,
-            trajectory_ids=trajectory_ids,
-            group_size=group_size,
-            policy_versions=policy_versions,
-            turns=turns,
-            group_ids=group_ids,
-            columns=columns,
-        )
+        table = self._table(agent)
+        rows = check_append(agent, self.schema, table.data_specs, input_ids=input_ids,
+                            trajectory_ids=trajectory_ids, group_size=group_size,
+                            policy_versions=policy_versions, turns=turns, group_ids=group_ids, columns=columns)
+        return [] if rows is None else table.append(rows)
 
     def set_columns(
         self, agent: str, rows: Sequence[str] | np.ndarray, columns: Mapping[str, object]

@@ -16,7 +16,7 @@ import numpy as np
 import tensorstore as ts
 
 from flexmarl_jax.store import layout
-from flexmarl_jax.store.append_input import check_append, coerce_data
+from flexmarl_jax.store.append_input import AppendInput, coerce_data
 from flexmarl_jax.store.batch import MicroBatch
 from flexmarl_jax.store.blobs import Blobs
 from flexmarl_jax.store.commit import Committer, WriteBatch
@@ -82,26 +82,10 @@ class AgentTable:
         self._free_consumed_values = free_consumed_values
 
     # ---- append ----------
-    def append(
-        self,
-        *,
-        input_ids: Sequence[str | int],
-        trajectory_ids: Sequence[int] | np.ndarray,
-        group_size: int,
-        policy_versions: Mapping[str, int | Sequence[int]],
-        turns: int | Sequence[int] | np.ndarray = 0,
-        group_ids: Sequence[str] | None = None,
-        columns: Mapping[str, object] | None = None,
-    ) -> list[str]:
-        rows_in = check_append(
-            self.agent, self.schema, self.data_specs, input_ids=input_ids, trajectory_ids=trajectory_ids,
-            group_size=group_size, policy_versions=policy_versions, turns=turns, group_ids=group_ids,
-            columns=columns,
-        )
-        if rows_in is None:
-            return []
-        num_rows, input_ids, turns, trajectory_ids = (
-            rows_in.num_rows, rows_in.input_ids, rows_in.turns, rows_in.trajectory_ids)
+    def append(self, rows_in: AppendInput) -> list[str]:
+        """Appends rows checked by ``check_append`` (see ``ExperienceStore.append_rows``)."""
+        num_rows, group_size, input_ids, turns, trajectory_ids = (
+            rows_in.num_rows, rows_in.group_size, rows_in.input_ids, rows_in.turns, rows_in.trajectory_ids)
         sample_ids, group_keys, versions, values = (
             rows_in.sample_ids, rows_in.group_keys, rows_in.versions, rows_in.values)
         packed = {

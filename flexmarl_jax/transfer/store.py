@@ -262,10 +262,9 @@ class StateStore:
                              f"{entry.treedef} (it must be that structure or a prefix of it): "
                              f"{error}") from None
         shardings = []
-        for position, path in zip(entry.array_positions, entry.array_paths, strict=True):
+        for position, path, spec in zip(entry.array_positions, entry.array_paths, entry.specs, strict=True):
             sharding = per_position.get(position)
             if isinstance(sharding, Mesh):
-                spec = entry.specs[entry.array_positions.index(position)]
                 sharding = NamedSharding(sharding, spec if spec is not None else PartitionSpec())
             if not isinstance(sharding, Sharding):
                 raise ValueError(f"target for leaf {path} of key {key!r} is {sharding!r}; expected a "
