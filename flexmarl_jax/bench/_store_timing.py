@@ -86,13 +86,9 @@ class TimedStore:
         deadline = None if timeout is None else time.monotonic() + timeout
         writes_seen = self._writes_at_claim.get((agent, since)) if since is not None else None
         while True:
-            if writes_seen is not None:  # the store said nothing changed since: wait for a write first
-                with self._changed:
-                    while self._writes.get(agent, 0) == writes_seen:
-                        remaining = None if deadline is None else deadline - time.monotonic()
-                        if (remaining is not None and remaining <= 0) or (until is not None and until.is_set()):
-                            return None
-                        self._changed.wait(remaining)
+            # The store said nothing changed since `since`: wait for a write first.
+            if writes_seen is not None and not self._wait_for_write(agent, writes_seen, deadline, until):
+                return None
             with self._changed:
                 writes_seen = self._writes.setdefault(agent, 0)
             rows = self._timed("claim_micro_batch", self._store.claim_micro_batch, agent, size, timeout=0,
@@ -101,12 +97,19 @@ class TimedStore:
                 with self._changed:
                     self._writes_at_claim[(agent, getattr(rows, "table_changes", None))] = writes_seen
                 return rows
-            with self._changed:
-                while self._writes[agent] == writes_seen:
-                    remaining = None if deadline is None else deadline - time.monotonic()
-                    if (remaining is not None and remaining <= 0) or (until is not None and until.is_set()):
-                        return None  # nothing of this agent changed since the failed attempt
-                    self._changed.wait(remaining)
+            if not self._wait_for_write(agent, writes_seen, deadline, until):
+                return None  # nothing of this agent changed since the failed attempt
+
+    def _wait_for_write(self, agent: str, writes_seen: int, deadline: float | None,
+                        until: threading.Event | None) -> bool:
+        """Waits until `agent` has a write after `writes_seen` (True) or the deadline / `until` comes (False)."""
+        with self._changed:
+            while self._writes.get(agent, 0) == writes_seen:
+                remaining = None if deadline is None else deadline - time.monotonic()
+                if (remaining is not None and remaining <= 0) or (until is not None and until.is_set()):
+                    return False
+                self._changed.wait(remaining)
+        return True
 
     def cpu_seconds(self) -> float:
         """CPU seconds of store work so far: inside the calls, plus the store's background commits."""

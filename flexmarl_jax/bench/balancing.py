@@ -44,9 +44,8 @@ class Fleet:
 
     def __init__(self, args: argparse.Namespace):
         import jax
-        import numpy as np
-        from jax.sharding import Mesh
 
+        from flexmarl_jax.mesh.meshes import make_mesh
         from flexmarl_jax.models import functional
         from flexmarl_jax.models.presets import get_preset
         from flexmarl_jax.models.tokenizer import CharTokenizer
@@ -70,7 +69,7 @@ class Fleet:
             graphdef, agent_params[agent] = functional.init_params(model, seed=index)
         for number in range(count):
             agent = self.agents[number // args.instances_per_agent]
-            mesh = Mesh(np.array(devices[number : number + 1]).reshape(1, 1), ("fsdp", "tp"))
+            mesh = make_mesh(devices[number : number + 1], fsdp=1)
             params = jax.device_put(agent_params[agent], functional.param_shardings(agent_params[agent], mesh))
             engine = FlexEngine(model, graphdef, engine_config, self.tokenizer, mesh=mesh, params=params)
             engine.warm_up(params)

@@ -126,14 +126,9 @@ def resource_devices(config, rollout) -> dict[str, tuple]:
 
 
 def decode_steps(rollout) -> dict[str, int]:
-    """Instance name -> generate steps so far (the rollout loop's counter)."""
-    counts = {}
-    for instances in rollout.instances.values():
-        for instance in instances:
-            loop = getattr(instance, "_loop", None)  # no public counter on EngineInstance yet
-            if loop is not None and hasattr(loop, "steps"):
-                counts[instance.name] = int(loop.steps)
-    return counts
+    """Instance name -> generate steps so far."""
+    return {instance.name: instance.decode_steps for instances in rollout.instances.values()
+            for instance in instances}
 
 
 def device_utilization(timeline, devices_of: Mapping[str, tuple], t0: float, t1: float) -> float:

@@ -65,25 +65,10 @@ def swap_sizes(max_params: float):
     ]
     chosen = []
     for label, config, dtype in candidates:
-        params = count_params(config)
+        params = config.num_params()
         if params <= max_params:
             chosen.append((label, config, dtype, params))
     return chosen
-
-
-def count_params(config) -> int:
-    import numpy as np
-
-    from flexmarl_jax.models import functional
-
-    _, abstract = functional.abstract_model(config)
-    return sum(int(np.prod(leaf.shape)) for leaf in _leaves(abstract))
-
-
-def _leaves(tree):
-    import jax
-
-    return jax.tree.leaves(tree)
 
 
 def zero_params(config, mesh, dtype: str):
@@ -101,14 +86,14 @@ def zero_params(config, mesh, dtype: str):
 
 def slice_meshes(devices_per_slice: int, count: int):
     import jax
-    import numpy as np
-    from jax.sharding import Mesh
+
+    from flexmarl_jax.mesh.meshes import make_mesh
 
     devices = jax.devices()
     if len(devices) < devices_per_slice * count:
         raise SystemExit(f"need {devices_per_slice * count} devices, JAX sees {len(devices)}")
-    return [Mesh(np.asarray(devices[i * devices_per_slice:(i + 1) * devices_per_slice], dtype=object)
-                 .reshape(devices_per_slice, 1), ("fsdp", "tp")) for i in range(count)]
+    return [make_mesh(devices[i * devices_per_slice:(i + 1) * devices_per_slice], fsdp=devices_per_slice)
+            for i in range(count)]
 
 
 def _block(tree) -> None:
@@ -175,7 +160,7 @@ def measure_packing(repeats: int) -> dict:
         "packed_vs_per_leaf_ratio_of_medians": sum(per_leaf.values()) / sum(packed.values()),
         "packed_vs_per_leaf_paired_ratios": paired,
         "packing_model": {"config": "tiny preset, 24 layers", "leaves": leaves,
-                          "params": count_params(config), "slice_devices": 4},
+                          "params": config.num_params(), "slice_devices": 4},
         "packed_s": packed,
         "per_leaf_s": per_leaf,
         "packed_vs_per_leaf": {name: per_leaf[name] / packed[name] for name in packed},

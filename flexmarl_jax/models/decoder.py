@@ -2,13 +2,12 @@
 
 from __future__ import annotations
 
-import jax
 import jax.numpy as jnp
 from flax import nnx
 
 from flexmarl_jax.mesh.rules import with_logical_constraint
 from flexmarl_jax.models.config import ModelConfig
-from flexmarl_jax.models.layers import MLP, Attention, Embed, RMSNorm
+from flexmarl_jax.models.layers import MLP, Attention, Embed, RMSNorm, normal_init
 
 
 class DecoderLayer(nnx.Module):
@@ -39,9 +38,7 @@ class DecoderLM(nnx.Module):
         self.final_norm = RMSNorm(config.hidden_size, config.rms_norm_eps, dtype=dtype)
         if not config.tie_word_embeddings:
             self.lm_head = nnx.Param(
-                (0.02 * jax.random.normal(rngs.params(), (config.hidden_size, config.vocab_size))).astype(
-                    dtype
-                ),
+                normal_init(rngs, (config.hidden_size, config.vocab_size), dtype),
                 logical_axes=("embed", "vocab"),
             )
 

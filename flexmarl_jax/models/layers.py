@@ -22,7 +22,7 @@ _INIT_STDDEV = 0.02
 _MASK_VALUE = -0.7 * float(jnp.finfo(jnp.float32).max)
 
 
-def _normal(rngs: nnx.Rngs, shape, dtype):
+def normal_init(rngs: nnx.Rngs, shape, dtype):
     return (_INIT_STDDEV * jax.random.normal(rngs.params(), shape, jnp.float32)).astype(dtype)
 
 
@@ -31,7 +31,7 @@ class Embed(nnx.Module):
 
     def __init__(self, vocab_size: int, hidden_size: int, *, dtype, rngs: nnx.Rngs):
         self.embedding = nnx.Param(
-            _normal(rngs, (vocab_size, hidden_size), dtype), logical_axes=("vocab", "embed")
+            normal_init(rngs, (vocab_size, hidden_size), dtype), logical_axes=("vocab", "embed")
         )
 
     def __call__(self, tokens: jax.Array) -> jax.Array:
@@ -61,13 +61,13 @@ class MLP(nnx.Module):
 
     def __init__(self, hidden_size: int, intermediate_size: int, *, dtype, rngs: nnx.Rngs):
         self.gate_proj = nnx.Param(
-            _normal(rngs, (hidden_size, intermediate_size), dtype), logical_axes=("embed", "mlp")
+            normal_init(rngs, (hidden_size, intermediate_size), dtype), logical_axes=("embed", "mlp")
         )
         self.up_proj = nnx.Param(
-            _normal(rngs, (hidden_size, intermediate_size), dtype), logical_axes=("embed", "mlp")
+            normal_init(rngs, (hidden_size, intermediate_size), dtype), logical_axes=("embed", "mlp")
         )
         self.down_proj = nnx.Param(
-            _normal(rngs, (intermediate_size, hidden_size), dtype), logical_axes=("mlp", "embed")
+            normal_init(rngs, (intermediate_size, hidden_size), dtype), logical_axes=("mlp", "embed")
         )
 
     def __call__(self, x: jax.Array) -> jax.Array:
@@ -90,16 +90,16 @@ class Attention(nnx.Module):
     def __init__(self, config: ModelConfig, *, dtype, rngs: nnx.Rngs):
         e, h, k, d = config.hidden_size, config.num_heads, config.num_kv_heads, config.head_dim
         self.q_proj = nnx.Param(
-            _normal(rngs, (e, h, d), dtype), logical_axes=("embed", "q_heads", "head_dim")
+            normal_init(rngs, (e, h, d), dtype), logical_axes=("embed", "q_heads", "head_dim")
         )
         self.k_proj = nnx.Param(
-            _normal(rngs, (e, k, d), dtype), logical_axes=("embed", "kv_heads", "head_dim")
+            normal_init(rngs, (e, k, d), dtype), logical_axes=("embed", "kv_heads", "head_dim")
         )
         self.v_proj = nnx.Param(
-            _normal(rngs, (e, k, d), dtype), logical_axes=("embed", "kv_heads", "head_dim")
+            normal_init(rngs, (e, k, d), dtype), logical_axes=("embed", "kv_heads", "head_dim")
         )
         self.o_proj = nnx.Param(
-            _normal(rngs, (h, d, e), dtype), logical_axes=("q_heads", "head_dim", "embed")
+            normal_init(rngs, (h, d, e), dtype), logical_axes=("q_heads", "head_dim", "embed")
         )
         if config.qkv_bias:
             self.q_bias = nnx.Param(jnp.zeros((h, d), dtype), logical_axes=("q_heads", "head_dim"))

@@ -46,9 +46,9 @@ from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 import jax
-import numpy as np
 from jax.sharding import Mesh
 
+from flexmarl_jax.mesh.meshes import make_mesh
 from flexmarl_jax.transfer import StateStore
 
 logger = logging.getLogger(__name__)
@@ -132,8 +132,8 @@ class TrainingSlicePool:
         per_slice = len(devices) // num_slices
         if per_slice % tp:
             raise ValueError(f"tp={tp} must divide the {per_slice} devices of each slice")
-        meshes = [Mesh(np.asarray(devices[i * per_slice:(i + 1) * per_slice], dtype=object)
-                       .reshape(per_slice // tp, tp), ("fsdp", "tp")) for i in range(num_slices)]
+        meshes = [make_mesh(devices[i * per_slice:(i + 1) * per_slice], fsdp=per_slice // tp, tp=tp)
+                  for i in range(num_slices)]
         return cls(meshes, **kwargs)
 
     @property

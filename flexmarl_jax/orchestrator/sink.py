@@ -199,10 +199,9 @@ class StoreSink:
             by_key[(group.agent, len(group.records))].append(group)
         for (agent, group_size), same in by_key.items():
             records = [r for group in same for r in group.records]
-            rewards = np.concatenate([np.asarray([g.rewards[r.sample_id] for r in g.records], np.float32)
-                                      for g in same])
-            advantages = np.concatenate([np.asarray(self.advantage_fn(
-                np.asarray([g.rewards[r.sample_id] for r in g.records], np.float32)), np.float32) for g in same])
+            group_rewards = [np.asarray([g.rewards[r.sample_id] for r in g.records], np.float32) for g in same]
+            rewards = np.concatenate(group_rewards)
+            advantages = np.concatenate([np.asarray(self.advantage_fn(r), np.float32) for r in group_rewards])
             versions = [self.versions_of(r) for r in records]
             dependencies = sorted({a for v in versions for a in v})
             if self._on_generated is not None:  # before the rows become claimable

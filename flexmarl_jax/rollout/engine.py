@@ -28,6 +28,7 @@ import numpy as np
 from flax import struct
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
+from flexmarl_jax.mesh.meshes import make_mesh
 from flexmarl_jax.models import functional
 from flexmarl_jax.models.config import ModelConfig
 from flexmarl_jax.rollout.jetstream_compat import engine_api, tokenizer_api, tokenizer_pb2
@@ -166,7 +167,7 @@ class FlexEngine(engine_api.Engine):
         self.graphdef = graphdef
         self.config = engine_config
         self.tokenizer = tokenizer
-        self._mesh = mesh if mesh is not None else Mesh(np.array(jax.devices()[:1]).reshape(1, 1), ("fsdp", "tp"))
+        self._mesh = mesh if mesh is not None else make_mesh(jax.devices()[:1], fsdp=1)
         self._params = params
         self.default_sampling = default_sampling
         self._replicated = NamedSharding(self._mesh, PartitionSpec())

@@ -133,6 +133,11 @@ class EngineInstance:
     def generated_tokens(self) -> int:
         return self._loop.generated_tokens
 
+    @property
+    def decode_steps(self) -> int:
+        """Generate steps run so far."""
+        return self._loop.steps
+
     # ------------------------------------------------------------------ weights
     def update_params(self, params: Any, version: int) -> None:
         """Schedules new weights for the next step boundary (see the module docstring).

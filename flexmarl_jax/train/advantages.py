@@ -90,7 +90,10 @@ def group_advantages(
     padded_rewards[:num_samples] = rewards
     padded_index = np.full(padded_samples, num_groups, np.int32)
     padded_index[:num_samples] = group_index
-    out = _jitted_estimator(fn)(padded_rewards, padded_index, padded_groups, eps)
+    # A few host numbers in, host numbers out: run on the host's CPU device rather than queue a transfer and a
+    # launch behind rollout or training work on an accelerator.
+    with jax.default_device(jax.devices("cpu")[0]):
+        out = _jitted_estimator(fn)(padded_rewards, padded_index, padded_groups, eps)
     return np.asarray(out)[:num_samples]
 
 

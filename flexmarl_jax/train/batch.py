@@ -96,7 +96,7 @@ def validate_micro_batch(batch: MicroBatch, *, agent: str, batch_size: int, max_
                 f"micro-batch field {name!r} has shape {shape}; agent {agent!r} needs {expected} "
                 "([micro_batch_size, max_len]); build it with build_micro_batch(...)"
             )
-        dtype = np.dtype(getattr(value, "dtype", np.asarray(value).dtype))
+        dtype = np.dtype(value.dtype if hasattr(value, "dtype") else np.asarray(value).dtype)
         if name in _INT_FIELDS:
             ok, allowed = dtype == np.int32, "int32"
         elif name in _BOOL_FIELDS:
