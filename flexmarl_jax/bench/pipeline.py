@@ -108,15 +108,10 @@ def bench_config(workload: Workload, overrides: Mapping[str, str], *, seed: int,
 
 def resource_devices(config, rollout) -> dict[str, tuple]:
     """Timeline resource -> the devices it runs on (`rollout/<instance>`, `train/<agent>`)."""
-    import jax
-
-    from flexmarl_jax.mesh.layout import layout_devices
+    from flexmarl_jax.orchestrator.run import agent_layout
 
     agents = tuple(config.workflow.agents)
-    layout = layout_devices(jax.devices(), agents, instances_per_agent=config.rollout.instances_per_agent,
-                            rollout_devices_per_instance=config.mesh.rollout_devices_per_instance,
-                            train_devices_per_agent=config.mesh.train_devices_per_agent,
-                            colocate=config.pipeline.mode == "serial")
+    layout = agent_layout(config)
     mapping = {}
     for agent in agents:
         mapping[f"train/{agent}"] = tuple(d.id for d in layout[agent].train_devices)
@@ -420,16 +415,14 @@ def main(argv: list[str] | None = None) -> int:
         workload = dataclasses.replace(workload, iterations=args.iterations)
     if args.queries is not None:
         workload = dataclasses.replace(workload, queries_per_iteration=args.queries)
-    overrides, devices = dict(item.split("=", 1) for item in args.set), 8
+    overrides = dict(item.split("=", 1) for item in args.set)
     if args.instances_per_agent is not None:
-        from flexmarl_jax.config import load_config
-
-        config = load_config()
         overrides["rollout.instances_per_agent"] = str(args.instances_per_agent)
-        per_agent = (args.instances_per_agent * config.mesh.rollout_devices_per_instance
-                     + config.mesh.train_devices_per_agent)
-        devices = max(devices, len(config.workflow.agents) * per_agent)
-    fake_cpu_devices(devices)
+    from flexmarl_jax.config import apply_overrides, devices_needed, load_config
+
+    config = load_config()
+    apply_overrides(config, overrides)
+    fake_cpu_devices(max(8, devices_needed(config)))
     started = time.perf_counter()
     with (tempfile.TemporaryDirectory(prefix="flexmarl-bench-pipeline-") as root,
           compilation_cache(None if args.no_compile_cache else os.path.join(root, "xla-cache"))):

@@ -209,27 +209,14 @@ def plot_load(timeline: Timeline | PathLike, out_dir: PathLike, *, filename: str
         share_axes.set_ylabel("requests")
         share_axes.grid(axis="x", visible=False)
 
-        for agent, (times, values) in sorted(requests.items()):
-            cumulative_axes.step(
-                np.append(times, end),
-                np.append(values, values[-1]),
-                where="post",
-                color=colors[agent],
-                linewidth=1.6,
-                label=agent,
-            )
-        _finish_time_axes(cumulative_axes, "Cumulative requests", "requests", bool(requests), start, end)
-
-        for agent, (times, values) in sorted(queues.items()):
-            queue_axes.step(
-                np.append(times, end),
-                np.append(values, values[-1]),
-                where="post",
-                color=colors[agent],
-                linewidth=1.4,
-                label=agent,
-            )
-        _finish_time_axes(queue_axes, "Queue length per agent", "waiting requests", bool(queues), start, end)
+        for axes, series, linewidth, title, ylabel in (
+            (cumulative_axes, requests, 1.6, "Cumulative requests", "requests"),
+            (queue_axes, queues, 1.4, "Queue length per agent", "waiting requests"),
+        ):
+            for agent, (times, values) in sorted(series.items()):
+                axes.step(np.append(times, end), np.append(values, values[-1]), where="post",
+                          color=colors[agent], linewidth=linewidth, label=agent)
+            _finish_time_axes(axes, title, ylabel, bool(series), start, end)
 
         if instances:
             grid_times, stacked = _forward_filled(instances, end)

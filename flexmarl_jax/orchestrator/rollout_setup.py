@@ -6,9 +6,8 @@ With `pipeline.balancing` (flexmarl mode) the backend is hierarchical load balan
 instances between agents; a moved instance loads its new agent's last synced weights, and later syncs
 reach it through the router. Otherwise it is the plain least-loaded EngineBackend.
 
-Balancing knobs read with defaults until the config schema has them: pipeline.balance_delta (5),
-pipeline.balance_cooldown_s (1.0), pipeline.balance_poll_s (0.02), rollout.min_instances_per_agent (1),
-rollout.request_timeout_s (0 = none), rollout.max_retries (2).
+Balancing knobs: pipeline.balance_delta, pipeline.balance_cooldown_s, pipeline.balance_poll_s,
+rollout.min_instances_per_agent, rollout.request_timeout_s (0 = none), rollout.max_retries.
 """
 
 from __future__ import annotations
@@ -110,15 +109,15 @@ def build_rollout(config: ml_collections.ConfigDict, layout, trainers, tokenizer
 
 
 def balancing_settings(config: ml_collections.ConfigDict) -> dict[str, Any]:
-    """The balancing knobs (defaults where the config does not have them yet)."""
-    timeout = float(config.rollout.get("request_timeout_s", 0.0) or 0.0)
+    """The balancing knobs of a validated config."""
+    timeout = float(config.rollout.request_timeout_s)
     return {
-        "delta": config.pipeline.get("balance_delta", 5),
-        "cooldown_s": config.pipeline.get("balance_cooldown_s", 1.0),
-        "poll_interval_s": config.pipeline.get("balance_poll_s", 0.02),
-        "min_instances_per_agent": config.rollout.get("min_instances_per_agent", 1),
+        "delta": config.pipeline.balance_delta,
+        "cooldown_s": config.pipeline.balance_cooldown_s,
+        "poll_interval_s": config.pipeline.balance_poll_s,
+        "min_instances_per_agent": config.rollout.min_instances_per_agent,
         "timeout_s": timeout if timeout > 0 else None,
-        "max_retries": config.rollout.get("max_retries", 2),
+        "max_retries": config.rollout.max_retries,
     }
 
 

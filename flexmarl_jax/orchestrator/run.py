@@ -69,19 +69,27 @@ def sampling_for(config: ml_collections.ConfigDict) -> dict[str, SamplingParams]
             for agent in config.workflow.agents}
 
 
+def agent_layout(config: ml_collections.ConfigDict):
+    """Each agent's rollout and training devices (`mesh.layout.layout_devices`) for a config. With shared
+    training slices (`mesh.train_slices`) agents get no training devices of their own."""
+    mesh = config.mesh
+    return layout_devices(jax.devices(), tuple(config.workflow.agents),
+                          instances_per_agent=config.rollout.instances_per_agent,
+                          rollout_devices_per_instance=mesh.rollout_devices_per_instance,
+                          train_devices_per_agent=0 if mesh.train_slices else mesh.train_devices_per_agent,
+                          colocate=config.pipeline.mode == "serial")
+
+
 def build_orchestrator(config: ml_collections.ConfigDict, *, timeline: metrics.Timeline | None = None,
                        resume: bool = True):
     """Everything a run needs: (orchestrator, trainers, store, rollout handle, start iteration)."""
     agents = tuple(config.workflow.agents)
     mode = config.pipeline.mode
-    train_slices = int(config.mesh.get("train_slices", 0))
+    train_slices = config.mesh.train_slices
     if train_slices and mode == "serial":
         raise ValueError(f"mesh.train_slices={train_slices} needs disaggregated training (pipeline.mode sync or "
                          "flexmarl); the serial mode colocates each agent's rollout on its training mesh")
-    layout = layout_devices(jax.devices(), agents, instances_per_agent=config.rollout.instances_per_agent,
-                            rollout_devices_per_instance=config.mesh.rollout_devices_per_instance,
-                            train_devices_per_agent=0 if train_slices else config.mesh.train_devices_per_agent,
-                            colocate=mode == "serial")
+    layout = agent_layout(config)
     tokenizer = CharTokenizer()
     slice_meshes = training_slice_meshes(config, layout, train_slices) if train_slices else None
     # With shared slices, agent i starts on slice i mod S (its state is offloaded to host right after setup).
@@ -149,6 +157,14 @@ def training_slice_meshes(config: ml_collections.ConfigDict, layout, train_slice
             for i in range(train_slices)]
 
 
+def _read_json(path: str):
+    """The JSON object in `path`, or None when there is no such file."""
+    if not os.path.isfile(path):
+        return None
+    with open(path) as handle:
+        return json.load(handle)
+
+
 def _write_json_atomically(path: str, payload) -> None:
     with open(path + ".tmp", "w") as handle:
         json.dump(payload, handle)
@@ -170,10 +186,9 @@ def _consume_trained_rows(workdir: str, store: ExperienceStore, start: int) -> N
     mark them consumed (their update is in the checkpoint). An iteration without a checkpoint is redone
     instead, and its rows are dropped by _begin_attempt."""
     path = os.path.join(workdir, PENDING_TRAINED)
-    if not os.path.isfile(path):
+    pending = _read_json(path)
+    if pending is None:
         return
-    with open(path) as handle:
-        pending = json.load(handle)
     if pending["iteration"] < start:
         settled = sum(store.consume_rows(agent, ids) for agent, ids in pending["sample_ids"].items())
         if settled:
@@ -185,10 +200,9 @@ def _recover_pending_record(workdir: str, writer: metrics.MetricsWriter, start: 
     """Writes the record of an iteration whose checkpoint exists but whose metrics line was never written;
     a record of an iteration that is about to be redone (no checkpoint) is discarded."""
     path = os.path.join(workdir, PENDING_RECORD)
-    if not os.path.isfile(path):
+    record = _read_json(path)
+    if record is None:
         return
-    with open(path) as handle:
-        record = json.load(handle)
     if record["iteration"] < start:
         writer.write(record)
     os.remove(path)
@@ -211,9 +225,10 @@ def _common_checkpoint_version(root: str, agents) -> int | None:
         return None
     newest = max(common)
     for agent in agents:
-        with ocp.CheckpointManager(os.path.abspath(os.path.join(root, agent))) as manager:
-            for step in sorted(steps[agent]):
-                if step > newest:
+        newer = sorted(step for step in steps[agent] if step > newest)
+        if newer:
+            with ocp.CheckpointManager(os.path.abspath(os.path.join(root, agent))) as manager:
+                for step in newer:
                     manager.delete(step)
     return newest
 
@@ -231,10 +246,7 @@ def _begin_attempt(orchestrator: JointOrchestrator, workdir: str, iteration: int
 def _count_attempt(workdir: str, iteration: int) -> int:
     """How many times `iteration` was started before; records this start."""
     path = os.path.join(workdir, "attempts.json")
-    attempts = {}
-    if os.path.isfile(path):
-        with open(path) as handle:
-            attempts = json.load(handle)
+    attempts = _read_json(path) or {}
     previous = int(attempts.get(str(iteration), 0))
     attempts[str(iteration)] = previous + 1
     _write_json_atomically(path, attempts)
