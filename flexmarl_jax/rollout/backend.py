@@ -1,9 +1,9 @@
 """`EngineBackend`: the workflows' `GenerationBackend` served by engine instances.
 
 `submit` tokenises the prompt, picks the instance of the request's agent with the
-least outstanding work (a stand-in until the router lands), enqueues one
-`RolloutRequest` (all samples share one prefill) and returns a future that resolves
-with one `Completion` per sample, in sample order.
+least outstanding work (`router.RoutedBackend` sends it through a RequestRouter instead),
+enqueues one `RolloutRequest` (all samples share one prefill) and returns a future that
+resolves with one `Completion` per sample, in sample order.
 """
 
 from __future__ import annotations
@@ -68,8 +68,12 @@ class EngineBackend:
             on_done=on_done,
             on_error=future.set_exception,
         )
-        self.pick_instance(request.agent).submit(rollout_request)
+        self._send(request.agent, rollout_request, request.request_id)
         return future
+
+    def _send(self, agent: str, request: RolloutRequest, request_id: str) -> None:
+        """Hands a request to an instance of `agent` (its on_done/on_error resolve the caller's future)."""
+        self.pick_instance(agent).submit(request)
 
     def pick_instance(self, agent: str) -> EngineInstance:
         """Least outstanding tokens first, then fewest queued requests."""

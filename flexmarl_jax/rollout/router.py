@@ -32,14 +32,12 @@ import itertools
 import logging
 import threading
 import time
-import zlib
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from flexmarl_jax.rollout.backend import EngineBackend
-from flexmarl_jax.rollout.engine import SlotSampling, pad_prompt
+from flexmarl_jax.rollout.engine import pad_prompt
 from flexmarl_jax.rollout.loop import RolloutRequest, SequenceResult
-from flexmarl_jax.workflows.generation import Completion, GenerationRequest
 
 logger = logging.getLogger(__name__)
 
@@ -541,37 +539,10 @@ class RoutedBackend(EngineBackend):
             for service in self.services:
                 service.start()
 
-    def submit(self, request: GenerationRequest) -> concurrent.futures.Future[list[Completion]]:
-        """Raises ValueError at once for an unknown agent, an empty or too long prompt, or bad sampling; a
-        request that cannot be served later fails its future with RequestFailed (naming request_id)."""
-        if request.agent not in self.instances:
-            raise ValueError(f"request {request.request_id!r}: unknown agent {request.agent!r}; "
-                             f"served agents: {sorted(self.instances)}")
-        if not request.prompt:
-            raise ValueError(f"request {request.request_id!r}: empty prompt")
-        sampling = request.sampling
-        seed = sampling.seed if sampling.seed is not None else zlib.crc32(request.request_id.encode())
-        rollout_request = RolloutRequest(
-            prompt_ids=tuple(self.tokenizer.encode(request.prompt, add_bos=True)),
-            num_samples=request.num_samples,
-            sampling=SlotSampling(temperature=sampling.temperature, top_k=sampling.top_k, top_p=sampling.top_p,
-                                  seed=seed),
-            max_new_tokens=sampling.max_new_tokens,
-            stop_strings=tuple(sampling.stop),
-        )
-        routed = self.router.submit(request.agent, rollout_request, label=request.request_id)
-        future: concurrent.futures.Future[list[Completion]] = concurrent.futures.Future()
-        future.set_running_or_notify_cancel()
-
-        def convert(done: concurrent.futures.Future) -> None:
-            error = done.exception()
-            if error is not None:
-                future.set_exception(error)
-            else:
-                future.set_result([self._completion(result) for result in done.result()])
-
-        routed.add_done_callback(convert)
-        return future
+    def _send(self, agent: str, request: RolloutRequest, request_id: str) -> None:
+        """Through the router; a request that cannot be served fails its future with RequestFailed (naming
+        request_id)."""
+        self.router.submit(agent, request, label=request_id)
 
     def pick_instance(self, agent: str) -> Any:
         raise NotImplementedError("RoutedBackend routes through its RequestRouter; use submit()")
