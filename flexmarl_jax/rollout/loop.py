@@ -368,9 +368,17 @@ class RolloutLoop:
         stops = sequence.work.request.stop_strings
         if not stops:
             return False
-        # Decode the whole response: a token-count window can miss stops when some ids decode to "".
-        text = self.tokenizer.decode(sequence.token_ids)
-        return any(text.endswith(s) for s in stops)
+        # Decode only the response's tail, but a tail of text rather than of tokens (some ids decode to ""):
+        # the window doubles until it holds the longest stop string plus a margin for the tokenizer's
+        # decoding of its first few characters, or the whole response. Per token this costs O(stop length),
+        # not O(response length).
+        needed = max(len(s) for s in stops) + 8
+        tokens, window = sequence.token_ids, 8
+        while True:
+            text = self.tokenizer.decode(tokens[-window:])
+            if len(text) >= needed or window >= len(tokens):
+                return any(text.endswith(s) for s in stops)
+            window *= 2
 
     def _finish(self, sequence: _Sequence, reason: str) -> None:
         sequence.finish_reason = reason
