@@ -134,7 +134,7 @@ def device_utilization(timeline, devices_of: Mapping[str, tuple], t0: float, t1:
     for devices in devices_of.values():
         for device in devices:
             spans.setdefault(device, [])
-    for interval in timeline.intervals(include_open=True):
+    for interval in timeline.intervals(include_open=True, overlapping=(t0, t1)):
         for device in devices_of.get(interval.resource, ()):
             spans[device].append((interval.start, interval.end))
     if not spans:

@@ -240,10 +240,12 @@ class Timeline:
         """Resource groups in first-seen order (e.g. `["rollout", "train"]`)."""
         return list(dict.fromkeys(resource_group(resource) for resource in self.resources))
 
-    def intervals(self, resource: str | None = None, *, include_open: bool = False) -> list[BusyInterval]:
+    def intervals(self, resource: str | None = None, *, include_open: bool = False,
+                  overlapping: tuple[float, float] | None = None) -> list[BusyInterval]:
         """Finished busy intervals (of one resource, or all), sorted by start.
 
-        With `include_open`, blocks still inside `busy()` are included as ending now.
+        With `include_open`, blocks still inside `busy()` are included as ending now. With `overlapping`
+        (t0, t1), only intervals that overlap that window (a run's history need not be sorted per iteration).
         """
         with self._lock:
             if resource is None:
@@ -257,6 +259,9 @@ class Timeline:
                     for interval in self._open.values()
                     if resource is None or interval.resource == resource
                 ]
+        if overlapping is not None:
+            t0, t1 = overlapping
+            found = [interval for interval in found if interval.end >= t0 and interval.start <= t1]
         return sorted(found, key=lambda interval: (interval.start, interval.resource))
 
     def events(self, name: str | None = None) -> list[PointEvent]:
@@ -323,7 +328,8 @@ class Timeline:
     def busy_seconds(self, resource: str, t0: float | None = None, t1: float | None = None) -> float:
         """Seconds in [t0, t1] during which `resource` was busy (overlaps counted once; open blocks count)."""
         t0, t1 = self._window(t0, t1)
-        spans = [(interval.start, interval.end) for interval in self.intervals(resource, include_open=True)]
+        spans = [(interval.start, interval.end)
+                 for interval in self.intervals(resource, include_open=True, overlapping=(t0, t1))]
         return union_length(spans, t0, t1)
 
     def utilization(self, resource: str, t0: float | None = None, t1: float | None = None) -> float:
@@ -370,7 +376,7 @@ class Timeline:
         """
         t0, t1 = self._window(t0, t1)
         categories = DEFAULT_TIME_SPLIT if categories is None else categories
-        intervals = self.intervals(include_open=True)
+        intervals = self.intervals(include_open=True, overlapping=(t0, t1))
         split: dict[str, float] = {}
         covered: list[tuple[float, float]] = []
         covered_length = 0.0

@@ -338,8 +338,10 @@ class JointOrchestrator:
         Slices: the shared pool's S, or one dedicated mesh per agent (static binding). ``held`` is the
         fraction of slice time leased to some agent (includes swaps and waits for micro-batches).
         """
-        compute = sum(max(0.0, min(i.end, t1) - max(i.start, t0)) for i in self.timeline.intervals(include_open=True)
-                      if i.kind == "train" and i.resource in {f"train/{agent}" for agent in self.trainers})
+        resources = {f"train/{agent}" for agent in self.trainers}
+        compute = sum(max(0.0, min(i.end, t1) - max(i.start, t0))
+                      for i in self.timeline.intervals(include_open=True, overlapping=(t0, t1))
+                      if i.kind == "train" and i.resource in resources)
         shared = self.shared_training
         slices = shared.num_slices if shared is not None else len(self.trainers)
         record = {"slices": slices, "agents": len(self.trainers), "busy_s": compute,
