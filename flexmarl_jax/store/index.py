@@ -46,15 +46,11 @@ class RowIndex:
         capacity = 256
         self.state = np.zeros(capacity, np.int32)
         self.group = np.zeros(capacity, np.int64)
-        self.turn = np.zeros(capacity, np.int32)
-        self.trajectory_id = np.zeros(capacity, np.int32)
         self.versions = np.full((capacity, len(self.agents)), -1, np.int64)  # [rows, agents]
         self.status = np.zeros((capacity, len(self.data_specs)), bool)  # [rows, data columns]
-        self.times = np.full((capacity, 3), np.nan)  # [rows, (created_at, ready_at, consumed_at)]
         self.scalars = {s.name: np.zeros(capacity, s.dtype) for s in self.data_specs if not s.by_reference}
         self.refs = {s.name: np.zeros((capacity, 3), np.int64) for s in self.data_specs if s.by_reference}
         self.sample_ids: list[str] = []
-        self.input_ids: list[str] = []
         self.row_of_sample: dict[str, int] = {}
         # Groups, in order of their first row (claims go oldest group first).
         self.group_ids: list[str] = []
@@ -79,11 +75,8 @@ class RowIndex:
         capacity = max(needed, 2 * capacity)
         self.state = _grow(self.state, capacity, 0)
         self.group = _grow(self.group, capacity, 0)
-        self.turn = _grow(self.turn, capacity, 0)
-        self.trajectory_id = _grow(self.trajectory_id, capacity, 0)
         self.versions = _grow(self.versions, capacity, -1)
         self.status = _grow(self.status, capacity, False)
-        self.times = _grow(self.times, capacity, np.nan)
         self.scalars = {k: _grow(v, capacity, 0) for k, v in self.scalars.items()}
         self.refs = {k: _grow(v, capacity, 0) for k, v in self.refs.items()}
 
@@ -128,14 +121,10 @@ class RowIndex:
         self,
         *,
         sample_ids: list[str],
-        input_ids: list[str],
         group_keys: list[str],
         group_size: np.ndarray,
-        turn: np.ndarray,
-        trajectory_id: np.ndarray,
         versions: np.ndarray,
         status: np.ndarray,
-        times: np.ndarray,
         scalars: dict[str, np.ndarray],
         refs: dict[str, np.ndarray],
         state: np.ndarray | None = None,
@@ -165,17 +154,13 @@ class RowIndex:
         rows = slice(start, stop)
         self.state[rows] = state
         self.group[rows] = groups
-        self.turn[rows] = turn
-        self.trajectory_id[rows] = trajectory_id
         self.versions[rows] = versions
         self.status[rows] = status
-        self.times[rows] = times
         for name, values in scalars.items():
             self.scalars[name][rows] = values
         for name, values in refs.items():
             self.refs[name][rows] = values
         self.sample_ids.extend(sample_ids)
-        self.input_ids.extend(input_ids)
         self.row_of_sample.update(zip(sample_ids, range(start, stop), strict=True))
         self.num_rows = stop
         # Per-group reductions over the new rows (ufunc.at is slow on the 2-D version bounds).
@@ -200,14 +185,13 @@ class RowIndex:
             raise ValueError(f"sample_id {missing.args[0]!r} is not in the table") from None
 
     # ---- setting values --------------------------------------------------------------------------------
-    def mark_complete(self, rows: np.ndarray, columns: list[str], now: float) -> np.ndarray:
-        """Sets status flags; rows that thereby become READY get ``ready_at``. Returns those rows."""
+    def mark_complete(self, rows: np.ndarray, columns: list[str]) -> np.ndarray:
+        """Sets status flags; returns the rows that thereby become READY."""
         positions = [self.data_position[name] for name in columns]
         was_generating = self.state[rows] == RowState.GENERATING
         self.status[np.ix_(rows, positions)] = True
         became_ready = rows[was_generating & self.status[rows].all(axis=1)]
         self.state[became_ready] = RowState.READY
-        self.times[became_ready, 1] = now
         np.add.at(self.group_ready, self.group[became_ready], 1)
         return became_ready
 
@@ -256,10 +240,9 @@ class RowIndex:
         self.check_claim(claim_id, agent)
         return self.claims.pop(claim_id)
 
-    def consume(self, claim: Claim, now: float) -> None:
+    def consume(self, claim: Claim) -> None:
         self.group_state[claim.groups] = GroupState.CONSUMED
         self.state[claim.rows] = RowState.CONSUMED
-        self.times[claim.rows, 2] = now
 
     def release(self, claim: Claim) -> None:
         self.group_state[claim.groups] = GroupState.OPEN

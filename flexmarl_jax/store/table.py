@@ -98,25 +98,18 @@ class AgentTable:
             status[:, self._index.data_position[name]] = True
         group_size_rows = np.full(num_rows, group_size, np.int64)
         now = time.time()
-        times = np.full((num_rows, 3), np.nan)
-        times[:, 0] = now
+        ready_at = np.where(status.all(axis=1), now, np.nan)
 
         with self._cond:
             self._index.check_new_rows(sample_ids, group_keys, group_size_rows)
             refs = self._blobs.assign_ids(packed)
-            ready = status.all(axis=1)
-            times[ready, 1] = now
             start = self._index.num_rows
             state = self._index.add_rows(
                 sample_ids=sample_ids,
-                input_ids=input_ids,
                 group_keys=group_keys,
                 group_size=group_size_rows,
-                turn=turns,
-                trajectory_id=trajectory_ids,
                 versions=versions,
                 status=status,
-                times=times,
                 scalars={k: v for k, v in values.items() if not isinstance(v, list)},
                 refs={k: v for k, v in refs.items() if k in self.data_specs},
                 state=None,
@@ -130,8 +123,8 @@ class AgentTable:
                 "turn": turns,
                 "trajectory_id": trajectory_ids,
                 "group_size": group_size_rows.astype(np.int32),
-                "created_at": times[:, 0],
-                "ready_at": times[:, 1],
+                "created_at": np.full(num_rows, now),
+                "ready_at": ready_at,
             }
             for agent, position in self._agent_position.items():
                 columns_out[VERSION_PREFIX + agent] = versions[:, position]
@@ -206,7 +199,7 @@ class AgentTable:
                     self._index.scalars[name][row_ids] = value
                     batch.write(self._arrays[name], index, value)
                 batch.write(self._arrays[STATUS_PREFIX + name], index, np.ones(num_rows, bool))
-            became_ready = np.sort(self._index.mark_complete(row_ids, list(values), now))
+            became_ready = np.sort(self._index.mark_complete(row_ids, list(values)))
             if len(became_ready):
                 ready_index = _as_index(became_ready)
                 batch.write(
@@ -334,7 +327,7 @@ class AgentTable:
             claims = [self._index.take_claim(claim_id, self.agent) for claim_id in claim_ids]
             now = time.time()
             for claim in claims:
-                self._index.consume(claim, now)
+                self._index.consume(claim)
             rows = np.sort(np.concatenate([claim.rows for claim in claims]))
             index = _as_index(rows)
             batch = WriteBatch()
@@ -446,20 +439,16 @@ class AgentTable:
             return
         futures = {name: array[:row_count].read() for name, array in self._arrays.items()}
         arrays = {name: future.result() for name, future in futures.items()}
-        strings = self._blobs.read({name: arrays[name] for name in ("sample_id", "input_id", "group_id")})
+        strings = self._blobs.read({name: arrays[name] for name in ("sample_id", "group_id")})
         state = arrays["state"].astype(np.int32)
         state[state == RowState.CLAIMED] = RowState.READY  # never written, but a lease is never durable
         names = list(self.data_specs)
         self._index.add_rows(
             sample_ids=strings["sample_id"],
-            input_ids=strings["input_id"],
             group_keys=strings["group_id"],
             group_size=arrays["group_size"].astype(np.int64),
-            turn=arrays["turn"],
-            trajectory_id=arrays["trajectory_id"],
             versions=np.stack([arrays[VERSION_PREFIX + a] for a in self.schema.agents], axis=1),
             status=np.stack([arrays[STATUS_PREFIX + n] for n in names], axis=1),
-            times=np.stack([arrays[k] for k in ("created_at", "ready_at", "consumed_at")], axis=1),
             scalars={n: arrays[n] for n in names if not self.data_specs[n].by_reference},
             refs={n: arrays[n] for n in names if self.data_specs[n].by_reference},
             state=state,
