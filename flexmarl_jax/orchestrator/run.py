@@ -7,6 +7,7 @@ iteration from the last checkpoint — nothing it had claimed was applied, so no
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 import os
@@ -31,8 +32,8 @@ from flexmarl_jax.orchestrator.weight_sync import StoreWeightSync
 from flexmarl_jax.store import ExperienceStore
 from flexmarl_jax.train.algorithms import loss_config_for
 from flexmarl_jax.train.checkpoint import restore_trainer, save_all
-from flexmarl_jax.train.optim import OptimizerConfig
-from flexmarl_jax.train.trainer import AgentTrainer, TrainerConfig
+from flexmarl_jax.train.from_config import trainer_config_for
+from flexmarl_jax.train.trainer import AgentTrainer
 from flexmarl_jax.transfer import StateStore
 from flexmarl_jax.workflows import SamplingParams, build_workflow_for_agents, resolve_task
 
@@ -43,19 +44,16 @@ PENDING_RECORD = "pending_record.json"  # the metrics record of the iteration be
 PENDING_TRAINED = "pending_trained.json"  # and the sample ids it trained on, until they are marked consumed
 
 
-def build_trainers(config: ml_collections.ConfigDict, layout, *, micro_batch_size: int | None = None,
-                   train_meshes: Mapping[str, Mesh] | None = None):
+def build_trainers(config: ml_collections.ConfigDict, layout, *, train_meshes: Mapping[str, Mesh] | None = None):
     """agent -> AgentTrainer on that agent's training mesh (or on ``train_meshes[agent]``)."""
-    loss = loss_config_for(config.train.algorithm)
-    max_len = config.rollout.max_prompt_length + config.rollout.max_response_length
     trainers = {}
     for index, agent in enumerate(config.workflow.agents):
-        agent_config = config.agents[agent]
-        learning_rate = agent_config.learning_rate if agent_config.learning_rate > 0 else config.train.learning_rate
-        trainer_config = TrainerConfig(
-            micro_batch_size=micro_batch_size or config.train.micro_batch_size, max_len=max_len, loss=loss,
-            optimizer=OptimizerConfig(learning_rate=learning_rate))
-        trainers[agent] = AgentTrainer(agent, presets.get_preset(agent_config.model), trainer_config,
+        # The run trains without truncated importance sampling, also with max_staleness > 0, and pads to
+        # prompt + response tokens (one more than the loss needs).
+        trainer_config = dataclasses.replace(
+            trainer_config_for(config, agent, tis_cap=None),
+            max_len=config.rollout.max_prompt_length + config.rollout.max_response_length)
+        trainers[agent] = AgentTrainer(agent, presets.get_preset(config.agents[agent].model), trainer_config,
                                        mesh=train_meshes[agent] if train_meshes is not None
                                        else layout[agent].train_mesh(config.mesh.tp),
                                        seed=config.seed * 1000 + index)
