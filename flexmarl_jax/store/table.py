@@ -118,6 +118,8 @@ class AgentTable:
             batch = WriteBatch()
             self._write_blobs(batch, packed, refs, rows)
             self._blobs.track(refs, num_rows, packed)
+            # Rows joining a group that was dropped are dropped too: their values go as a drop's would.
+            self._free_values(batch, start + np.flatnonzero(state == RowState.DROPPED))
             columns_out = {
                 "state": state,
                 "turn": turns,
@@ -143,6 +145,8 @@ class AgentTable:
     def _free_values(self, batch: WriteBatch, rows: np.ndarray) -> None:
         """Consumed/dropped rows give up their sequence values when the store frees them (memory default);
         otherwise the values stay stored and only leave the read cache."""
+        if not len(rows):
+            return
         if not self._free_consumed_values:
             for name, refs in self._index.refs.items():
                 self._blobs.forget(name, refs[rows, 0])
@@ -193,6 +197,7 @@ class AgentTable:
                 self._index.refs[name][row_ids] = refs[name]
             self._blobs.track(refs, num_rows, packed)
             self._write_blobs(batch, packed, refs, index)
+            self._free_values(batch, row_ids[self._index.state[row_ids] == RowState.DROPPED])
             for name, value in values.items():
                 if not isinstance(value, list):
                     value = value[order]

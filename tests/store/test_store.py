@@ -452,3 +452,17 @@ def test_claim_since_waits_for_new_rows_and_claimable_after_counts_what_is_left(
     assert len(results) == 1 and results[0].group_ids == ("q2_0", "q3_0") and results[0].claimable_after == 0
     store.release(first)  # a release is a change too
     assert len(store.claim_micro_batch("solver", 4, current_versions=0, since=results[0].table_changes)) == 4
+
+
+def test_values_of_rows_joining_a_dropped_group_are_freed_like_a_drop():
+    store = ExperienceStore.open(None, agents=AGENTS)  # memory backend: dropped values are freed
+    append_group(store, "q0", 3, rows=2, version=0, columns={"response_tokens": [[1], [2]]})
+    assert store.drop_stale_rows(current_versions=2, max_staleness=1) == 2
+    store.append_rows("solver", input_ids=["q0"], trajectory_ids=[2], group_size=3, policy_versions={"solver": 0},
+                      columns={"response_tokens": [[3]]})
+    late = store.read_rows("solver", ["q0_0_2"], columns=["response_tokens"])
+    assert late["state"].tolist() == [RowState.DROPPED] and late["response_tokens"] == [None]
+    assert _blob_keys(store, "response_tokens") == []  # nothing of the dropped group stays stored
+    store.set_columns("solver", ["q0_0_2"], {"response_tokens": [[4]]})  # a late value of a dropped row
+    assert store.read_rows("solver", ["q0_0_2"], columns=["response_tokens"])["response_tokens"] == [None]
+    assert _blob_keys(store, "response_tokens") == []
