@@ -111,7 +111,10 @@ def build_orchestrator(config: ml_collections.ConfigDict, *, timeline: metrics.T
                                    seed=config.seed)
         run_warmup(trainers, examples, tokenizer, steps=config.workflow.warmup_steps, seed=config.seed)
         save_all(trainers, checkpoint_root)
-    timeline = timeline or metrics.Timeline()
+    if timeline is None:
+        saved = os.path.join(config.workdir, metrics.TIMELINE_FILENAME)
+        # A resumed run keeps recording on its old timeline, so the plots cover the whole run.
+        timeline = metrics.Timeline.load(saved) if common is not None and os.path.isfile(saved) else metrics.Timeline()
     store = ExperienceStore.open(config.workdir, agents=agents, backend=config.store.backend)
     rollout = build_rollout(config, layout, trainers, tokenizer, timeline)
     state_store = StateStore()

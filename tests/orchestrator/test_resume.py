@@ -64,6 +64,11 @@ def test_sigkill_mid_run_then_resume(tmp_path):
     assert sorted(attempts) == [0, 1, 2] and set(attempts.values()) <= {1, 2}
     redone = [iteration for iteration, count in attempts.items() if count == 2]
     assert len(redone) <= 1 and all(iteration >= killed_at for iteration in redone)
+    # The resumed run kept recording on the first run's timeline: every policy version since 0 is on it.
+    from flexmarl_jax.metrics import POLICY_VERSION, Timeline
+
+    versions = {event.attrs["version"] for event in Timeline.load(workdir).events(POLICY_VERSION)}
+    assert versions == {0, 1, 2, 3}
 
 
 def test_a_pending_record_is_kept_only_when_its_iteration_was_checkpointed(tmp_path):
