@@ -61,8 +61,12 @@ def supervised_step(trainer: AgentTrainer, pairs: list[tuple[list[int], list[int
         behaviour_logprobs=[np.zeros(len(c), np.float32) for _, c in pairs], advantages=[1.0] * rows,
         normalizers=normalizers, aggregation="token_mean", batch_size=trainer.config.micro_batch_size,
         max_len=trainer.config.max_len, pad_id=pad_id)
-    current = trainer.logprobs(batch)
-    batch = batch.replace(old_logprobs=current, behaviour_logprobs=current)
+    config = trainer.config
+    if not config.old_logprobs_in_step or config.loss.tis_cap is not None:
+        # Only then does the loss read these; otherwise the step computes its own old log-probs and the IS
+        # weight is 1, so a separate forward pass would be wasted.
+        current = trainer.logprobs(batch)
+        batch = batch.replace(old_logprobs=current, behaviour_logprobs=current)
     trainer.accumulate(batch)
     return trainer.apply()
 
