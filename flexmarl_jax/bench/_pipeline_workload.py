@@ -65,9 +65,11 @@ class WorkloadBackend:
       log-probs that are trained on are the model's.
     """
 
-    def __init__(self, backend, workload: Workload, *, seed: int, verdict_agent: str | None, reject_rate: float):
+    def __init__(self, backend, workload: Workload, *, seed: int, verdict_agent: str | None,
+                 reject_rate: float | None = None):
         self.backend, self.workload, self.seed = backend, workload, seed
-        self.verdict_agent, self.reject_rate = verdict_agent, reject_rate
+        self.verdict_agent = verdict_agent
+        self.reject_rate = workload.reject_rate if reject_rate is None else reject_rate
 
     def length_for(self, request_id: str) -> int:
         w = self.workload

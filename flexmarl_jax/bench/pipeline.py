@@ -158,8 +158,7 @@ class ModeRun:
         self.orchestrator, self.timeline = orchestrator, orchestrator.timeline
         self.timed_store = TimedStore(self.raw_store, clock=self.timeline.now)
         orchestrator.backend = WorkloadBackend(orchestrator.backend, workload, seed=seed,
-                                               verdict_agent=self.config.workflow.agents[1],
-                                               reject_rate=workload.reject_rate)
+                                               verdict_agent=self.config.workflow.agents[1])
         orchestrator.store = self.timed_store
         # Per-iteration checkpoints cost the same in every mode and are not part of the paper's E2E time.
         orchestrator.on_update_applied = None

@@ -56,7 +56,6 @@ def run(args: argparse.Namespace) -> dict:
     model_config = get_preset(args.preset)
     tokenizer = CharTokenizer()
     graphdef, params = functional.init_params(model_config, seed=args.seed)
-    params = jax.device_put(params, jax.tree.map(lambda x: x.sharding, params))
     prompts = _build_prompts(tokenizer, args.prompts, args.seed, args.max_prompt_chars)
     max_prefill = 1 << (max(len(p) for p in prompts) - 1).bit_length()
 

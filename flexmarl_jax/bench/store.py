@@ -148,13 +148,9 @@ def print_table(results: dict) -> None:
         memory, durable = results[metric], results["file_" + metric]
         ratio = f"{durable / memory:.2f}x" if memory else "-"
         rows.append((metric, f"{memory:,.0f}", f"{durable:,.0f}", ratio))
-    try:
-        from rich.console import Console
-        from rich.table import Table
-    except ImportError:
-        for row in rows:
-            print("  ".join(row))
-        return
+    from rich.console import Console
+    from rich.table import Table
+
     table = Table(title=f"experience store, {results['response_tokens']}-token responses")
     for header in ("metric", "memory", "file (ocdbt)", "file / memory"):
         table.add_column(header, justify="left" if header == "metric" else "right")

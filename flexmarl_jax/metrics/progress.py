@@ -154,11 +154,11 @@ class IterationProgress:
         print(" | ".join(parts), file=self._console.file, flush=True)
 
 
-def summary_table(records: Sequence[Mapping[str, Any]], *, include_resources: bool = False) -> Table:
+def summary_table(records: Sequence[Mapping[str, Any]]) -> Table:
     """A rich table: one row per numeric metric with first, last, min, max and mean over the iterations.
 
     Run-level metrics come first (accuracy, reward, times, throughput, utilization), then per-agent ones.
-    Per-resource utilization rows are left out unless `include_resources`.
+    Per-resource utilization rows are left out (they are in metrics.jsonl).
     """
     rows = [numeric_items(record) for record in records]
     iterations = [int(row["iteration"]) for row in rows if "iteration" in row]
@@ -172,8 +172,7 @@ def summary_table(records: Sequence[Mapping[str, Any]], *, include_resources: bo
     for row in rows:
         keys.update(dict.fromkeys(row))
     keys.pop("iteration", None)
-    if not include_resources:
-        keys = {key: None for key in keys if not key.startswith("utilization/resources/")}
+    keys = {key: None for key in keys if not key.startswith("utilization/resources/")}
 
     def order(key: str) -> tuple:
         if key in _SUMMARY_FIRST:
