@@ -97,9 +97,14 @@ def counters_array_spec(base: dict, agent: str) -> dict:
     return _zarr_spec(base, counters_key(agent), [2], [2], "int64", 0)
 
 
-def open_array(spec: dict, context: ts.Context, *, create: bool) -> ts.TensorStore:
+def open_array_async(spec: dict, context: ts.Context, *, create: bool = True) -> ts.Future:
+    """Opens (and with ``create``, creates if missing) an array; the future resolves to the TensorStore."""
     options = {"create": True, "open": True} if create else {"open": True}
-    return ts.open({**spec, **options}, context=context).result()
+    return ts.open({**spec, **options}, context=context)
+
+
+def open_array(spec: dict, context: ts.Context, *, create: bool) -> ts.TensorStore:
+    return open_array_async(spec, context, create=create).result()
 
 
 def read_schema_json(kvstore: ts.KvStore) -> dict | None:

@@ -113,7 +113,6 @@ class ExperienceStore:
                 kvstore=kvstore,
                 committer=committer,
                 rows_per_chunk=rows_per_chunk,
-                create=True,
                 free_consumed_values=free,
             )
             for agent in schema.agents

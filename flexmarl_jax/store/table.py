@@ -50,7 +50,6 @@ class AgentTable:
         kvstore: ts.KvStore,
         committer: Committer,
         rows_per_chunk: int,
-        create: bool,
         free_consumed_values: bool,
     ):
         self.agent = agent
@@ -60,20 +59,12 @@ class AgentTable:
         self._agent_position = {name: i for i, name in enumerate(schema.agents)}
         self._kvstore = kvstore
         self._committer = committer
+        # Opened together (TensorStore opens in parallel), created where missing.
         futures = {
-            name: ts.open(
-                {
-                    **layout.column_array_spec(base_spec, agent, spec, rows_per_chunk),
-                    "open": True,
-                    "create": create,
-                },
-                context=context,
-            )
+            name: layout.open_array_async(layout.column_array_spec(base_spec, agent, spec, rows_per_chunk), context)
             for name, spec in self.specs.items()
         }
-        self._counters = layout.open_array(
-            layout.counters_array_spec(base_spec, agent), context, create=create
-        )
+        self._counters = layout.open_array_async(layout.counters_array_spec(base_spec, agent), context).result()
         self._arrays = {name: future.result() for name, future in futures.items()}
         self._index = RowIndex(schema)
         self._cond = threading.Condition(threading.Lock())
@@ -88,9 +79,7 @@ class AgentTable:
             rows_in.num_rows, rows_in.group_size, rows_in.input_ids, rows_in.turns, rows_in.trajectory_ids)
         sample_ids, group_keys, versions, values = (
             rows_in.sample_ids, rows_in.group_keys, rows_in.versions, rows_in.values)
-        packed = {
-            name: pack_blob(self.specs[name], v, 0) for name, v in values.items() if isinstance(v, list)
-        }
+        packed = self._pack_sequences(values)
         for name, strings in (("sample_id", sample_ids), ("input_id", input_ids), ("group_id", group_keys)):
             packed[name] = pack_blob(self.specs[name], strings, 0)
         status = np.zeros((num_rows, len(self.data_specs)), bool)
@@ -142,6 +131,20 @@ class AgentTable:
         self._committer.settle(seq)
         return sample_ids
 
+    def _data_names(self, columns: Sequence[str] | None) -> list[str]:
+        """The data columns asked for (all when None); unknown names raise ValueError."""
+        names = list(self.data_specs) if columns is None else list(columns)
+        unknown = [name for name in names if name not in self.data_specs]
+        if unknown:
+            raise ValueError(
+                f"column(s) {unknown} are not data columns of {self.agent!r}: {list(self.data_specs)}"
+            )
+        return names
+
+    def _pack_sequences(self, values: Mapping[str, object]) -> dict[str, tuple[bytes, np.ndarray]]:
+        """One blob per by-reference column given (refs still with blob id 0)."""
+        return {name: pack_blob(self.specs[name], v, 0) for name, v in values.items() if isinstance(v, list)}
+
     def _free_values(self, batch: WriteBatch, rows: np.ndarray) -> None:
         """Consumed/dropped rows give up their sequence values when the store frees them (memory default);
         otherwise the values stay stored and only leave the read cache."""
@@ -171,9 +174,7 @@ class AgentTable:
         values = coerce_data(self.agent, self.data_specs, columns, num_rows)
         if not values or num_rows == 0:
             return
-        packed = {
-            name: pack_blob(self.specs[name], v, 0) for name, v in values.items() if isinstance(v, list)
-        }
+        packed = self._pack_sequences(values)
         now = time.time()
         with self._cond:
             row_ids = self._index.rows_of(list(rows)) if by_id else self._check_rows(rows)
@@ -238,12 +239,7 @@ class AgentTable:
         until: threading.Event | None = None,
         since: int | None = None,
     ) -> MicroBatch | None:
-        names = list(self.data_specs) if columns is None else list(columns)
-        unknown = [name for name in names if name not in self.data_specs]
-        if unknown:
-            raise ValueError(
-                f"column(s) {unknown} are not data columns of {self.agent!r}: {list(self.data_specs)}"
-            )
+        names = self._data_names(columns)
         deadline = None if timeout is None else time.monotonic() + timeout
         with self._cond:
             while True:
@@ -405,12 +401,7 @@ class AgentTable:
             return [self._index.group_ids[g] for g in groups.tolist()]
 
     def read_rows(self, sample_ids: Sequence[str] | None, columns: Sequence[str] | None) -> dict[str, object]:
-        names = list(self.data_specs) if columns is None else list(columns)
-        unknown = [name for name in names if name not in self.data_specs]
-        if unknown:
-            raise ValueError(
-                f"column(s) {unknown} are not data columns of {self.agent!r}: {list(self.data_specs)}"
-            )
+        names = self._data_names(columns)
         with self._cond:
             index = self._index
             if sample_ids is None:
