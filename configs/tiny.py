@@ -1,16 +1,20 @@
 """The embedded default: the chain workflow (solver -> verifier -> corrector) with tiny models on CPU.
 
 `flexmarl train` with no flags runs this file. Every knob of the system appears here once, with its
-default and what it does. Variants: `--config=configs/tiny.py:VARIANT` with VARIANT in
-{sync, serial, stale1, smoke}; single fields: `--config.train.learning_rate=3e-3`.
+default and what it does; the other files in configs/ build on it and change only their workflow.
+Variants: `--config=configs/tiny.py:VARIANT` with VARIANT in VARIANTS, or several joined by commas
+(`:sync,smoke`); single fields: `--config.train.learning_rate=3e-3`.
 """
+
+from collections.abc import Callable
 
 import ml_collections
 
 AGENT_NAMES = ("solver", "verifier", "corrector")
 
 
-def _agent(model: str = "tiny") -> ml_collections.ConfigDict:
+def agent_config(model: str = "tiny") -> ml_collections.ConfigDict:
+    """One agent's section (`config.agents.<name>`)."""
     agent = ml_collections.ConfigDict()
     agent.model = model  # model preset name (flexmarl_jax.models.presets) or a local HF checkpoint dir
     agent.temperature = 1.0  # sampling temperature used for rollouts (> 0)
@@ -21,6 +25,11 @@ def _agent(model: str = "tiny") -> ml_collections.ConfigDict:
 
 
 def get_config(variant: str | None = None) -> ml_collections.ConfigDict:
+    return apply_variants(base_config(), variant, VARIANT_CHANGES, "configs/tiny.py")
+
+
+def base_config() -> ml_collections.ConfigDict:
+    """Every knob with its default: the chain team on the arithmetic task."""
     config = ml_collections.ConfigDict()
     config.seed = 0  # one seed drives task generation, parameter init, sampling and shuffling
     config.workdir = "runs/tiny"  # metrics.jsonl, plots, checkpoints and the store live here
@@ -28,17 +37,36 @@ def get_config(variant: str | None = None) -> ml_collections.ConfigDict:
 
     config.agents = ml_collections.ConfigDict()  # one entry per agent, keyed by its name
     for name in AGENT_NAMES:
-        config.agents[name] = _agent()
+        config.agents[name] = agent_config()
 
     config.workflow = ml_collections.ConfigDict()
-    config.workflow.name = "chain"  # chain | debate | mixture
-    config.workflow.agents = AGENT_NAMES  # agents in the workflow's role order (chain: solver, verifier, corrector)
+    config.workflow.name = "chain"  # a registered workflow: chain | debate | mixture | dag
+    # The workflow builder's own arguments (flexmarl_jax/workflows/builtin.py); chain's defaults here. Role
+    # arguments (chain: agents, the solver, verifier and corrector roles in that order) hold role names.
+    config.workflow.options = ml_collections.ConfigDict()
+    config.workflow.options.corrector_runs = "rejected"  # chain: run the corrector when the verdict is N (or "always")
+    # Role -> agent that plays it; a role not listed is played by the agent of its name. Two roles mapped to
+    # one agent share its policy and trainer (see configs/debate.py:shared).
+    config.workflow.roles = ml_collections.ConfigDict()
+    config.workflow.roles.solver = "solver"  # chain: answers the query
+    config.workflow.roles.verifier = "verifier"  # chain: judges the solver's answer (Y/N)
+    config.workflow.roles.corrector = "corrector"  # chain: answers again when the verifier says N
     config.workflow.task = "arithmetic"  # embedded task (arithmetic | countdown | reverse) or a .jsonl path
-    config.workflow.task_options = ml_collections.ConfigDict()  # keyword arguments of the task's constructor
-    config.workflow.task_options.max_digits = 1  # arithmetic: digits per operand
-    config.workflow.task_options.operators = "+"  # arithmetic: operators to draw from
-    config.workflow.task_options.max_answer = 4  # arithmetic: redraw until the answer is at most this
-    # Per-agent reward shaping on top of the team reward (names depend on the workflow; chain's below).
+    # Each task's constructor arguments, one section per task; only the selected task's section is read (a
+    # .jsonl path reads `jsonl`), so --config.workflow.task=... switches tasks with their own options.
+    config.workflow.task_options = ml_collections.ConfigDict()
+    config.workflow.task_options.arithmetic = ml_collections.ConfigDict()
+    config.workflow.task_options.arithmetic.max_digits = 1  # digits per operand
+    config.workflow.task_options.arithmetic.operators = "+"  # operators to draw from (subset of +-*)
+    config.workflow.task_options.arithmetic.max_answer = 4  # redraw until the answer is at most this
+    config.workflow.task_options.countdown = ml_collections.ConfigDict()
+    config.workflow.task_options.countdown.count_numbers = 3  # numbers in each puzzle, all to be used
+    config.workflow.task_options.countdown.max_number = 9  # numbers are drawn from 1..max_number
+    config.workflow.task_options.reverse = ml_collections.ConfigDict()
+    config.workflow.task_options.reverse.max_length = 4  # longest string to reverse
+    config.workflow.task_options.jsonl = ml_collections.ConfigDict()
+    config.workflow.task_options.jsonl.verifier = "numeric"  # exact (first line) | numeric (first number)
+    # Per-agent reward shaping on top of the team reward; the keys are the workflow's shaping terms.
     config.workflow.shaping_weights = ml_collections.ConfigDict()
     config.workflow.shaping_weights.solver_correct = 1.0  # chain: the solver's own answer is right
     config.workflow.shaping_weights.verifier_judgement = 0.5  # chain: the verdict matches the truth
@@ -83,19 +111,49 @@ def get_config(variant: str | None = None) -> ml_collections.ConfigDict:
     config.pipeline.balance_poll_s = 0.02  # how often the balancer polls queue lengths
     config.pipeline.debug_invariants = False  # check consistency invariants at run time (slower)
 
-    if variant in (None, ""):
-        pass
-    elif variant in ("sync", "serial"):
-        config.pipeline.mode = variant
-    elif variant == "stale1":
-        config.train.max_staleness = 1
-    elif variant == "smoke":  # seconds-long run for tests
-        config.iterations = 2
-        config.workflow.queries_per_iteration = 4
-        config.workflow.samples_per_query = 4
-        config.workflow.warmup_steps = 2
-        config.train.global_batch_size = 16
-        config.train.micro_batch_size = 8
-    else:
-        raise ValueError(f"unknown variant {variant!r} of configs/tiny.py; allowed: sync, serial, stale1, smoke")
+    return config
+
+
+def _smoke(config: ml_collections.ConfigDict) -> None:
+    """Seconds-long runs for tests: 2 iterations of 4 queries x 4 samples."""
+    config.iterations = 2
+    config.workflow.queries_per_iteration = 4
+    config.workflow.samples_per_query = 4
+    config.workflow.warmup_steps = 2
+    config.train.global_batch_size = 16
+    config.train.micro_batch_size = 8
+
+
+def _set(**fields) -> Callable[[ml_collections.ConfigDict], None]:
+    """A variant that sets dotted fields (`pipeline__mode="sync"` sets config.pipeline.mode)."""
+
+    def change(config: ml_collections.ConfigDict) -> None:
+        for dotted, value in fields.items():
+            *sections, leaf = dotted.split("__")
+            node = config
+            for section in sections:
+                node = node[section]
+            node[leaf] = value
+
+    return change
+
+
+# Variants every config file built on this one offers: pipeline modes, one-version staleness, smoke sizes.
+VARIANT_CHANGES: dict[str, Callable[[ml_collections.ConfigDict], None]] = {
+    "sync": _set(pipeline__mode="sync"),  # disaggregated, train after the whole rollout
+    "serial": _set(pipeline__mode="serial"),  # rollout and training colocated, queries one at a time
+    "stale1": _set(train__max_staleness=1),  # rollout may run one policy version ahead
+    "smoke": _smoke,
+}
+VARIANTS = tuple(VARIANT_CHANGES)
+
+
+def apply_variants(config: ml_collections.ConfigDict, variant: str | None,
+                   changes: dict[str, Callable[[ml_collections.ConfigDict], None]],
+                   file: str) -> ml_collections.ConfigDict:
+    """Applies comma-separated variant names in order; an unknown name raises naming the allowed ones."""
+    for name in filter(None, (part.strip() for part in (variant or "").split(","))):
+        if name not in changes:
+            raise ValueError(f"unknown variant {name!r} of {file}; allowed: {', '.join(changes)}")
+        changes[name](config)
     return config

@@ -6,6 +6,14 @@ os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") + " --xla_force_host_
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
 # Keep XLA's CPU thread pools from oversubscribing the 2-core CI machine.
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+# One compile cache for the whole session (and the `flexmarl` subprocesses tests start): engines and trainers
+# jit per instance, so every run of the same shapes would otherwise compile everything again.
+if "JAX_COMPILATION_CACHE_DIR" not in os.environ:
+    import tempfile
+
+    os.environ["JAX_COMPILATION_CACHE_DIR"] = tempfile.mkdtemp(prefix="flexmarl-jax-test-cache-")
+    os.environ["JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS"] = "0"
+    os.environ["JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES"] = "0"
 
 import pytest  # noqa: E402
 

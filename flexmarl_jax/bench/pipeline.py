@@ -60,6 +60,7 @@ from flexmarl_jax.bench._pipeline_workload import (  # noqa: F401 - part of this
 )
 from flexmarl_jax.bench._store_timing import TimedStore
 from flexmarl_jax.mesh.host_devices import fake_cpu_devices
+from flexmarl_jax.workflows.from_config import team_agents
 
 logger = logging.getLogger(__name__)
 
@@ -110,7 +111,7 @@ def resource_devices(config, rollout) -> dict[str, tuple]:
     """Timeline resource -> the devices it runs on (`rollout/<instance>`, `train/<agent>`)."""
     from flexmarl_jax.orchestrator.run import agent_layout
 
-    agents = tuple(config.workflow.agents)
+    agents = team_agents(config.workflow)
     layout = agent_layout(config)
     mapping = {}
     for agent in agents:
@@ -158,7 +159,7 @@ class ModeRun:
         self.orchestrator, self.timeline = orchestrator, orchestrator.timeline
         self.timed_store = TimedStore(self.raw_store, clock=self.timeline.now)
         orchestrator.backend = WorkloadBackend(orchestrator.backend, workload, seed=seed,
-                                               verdict_agent=self.config.workflow.agents[1])
+                                               verdict_agent=team_agents(self.config.workflow)[1])
         orchestrator.store = self.timed_store
         # Per-iteration checkpoints cost the same in every mode and are not part of the paper's E2E time.
         orchestrator.on_update_applied = None

@@ -16,15 +16,14 @@ from flexmarl_jax.config.errors import ConfigError
 PIPELINE_MODES = ("serial", "sync", "flexmarl")
 # The algorithm names registered in flexmarl_jax.train; kept here so validation stays JAX-free.
 ALGORITHMS = ("grpo", "drgrpo", "dapo", "ppo")
-WORKFLOWS = ("chain", "debate", "mixture")
 STORE_BACKENDS = ("memory", "file")
 
 SECTION_FIELDS = {
     "": {"seed": int, "workdir": str, "iterations": int, "agents": dict, "workflow": dict, "rollout": dict,
          "train": dict, "mesh": dict, "store": dict, "pipeline": dict},
     "agents.*": {"model": str, "temperature": float, "top_k": int, "top_p": float, "learning_rate": float},
-    "workflow": {"name": str, "agents": tuple, "task": str, "task_options": dict, "shaping_weights": dict,
-                 "queries_per_iteration": int,
+    "workflow": {"name": str, "options": dict, "roles": dict, "task": str, "task_options": dict,
+                 "shaping_weights": dict, "queries_per_iteration": int,
                  "samples_per_query": int, "warmup_steps": int},
     "rollout": {"instances_per_agent": int, "decode_slots": int, "max_prompt_length": int,
                 "max_response_length": int, "min_instances_per_agent": int, "request_timeout_s": float,
@@ -105,19 +104,71 @@ def _check_model(name: str, field: str) -> None:
 
 
 def _check_workflow(config: ml_collections.ConfigDict) -> None:
-    """Builds the workflow and task once (pure Python, no JAX) so their errors surface at load time."""
-    from flexmarl_jax.workflows import build_workflow_for_agents, resolve_task
+    """Builds the workflow and task once (pure Python, no JAX) so their errors surface at load time, and
+    checks that the workflow's roles are played by exactly the agents of `config.agents`."""
+    from flexmarl_jax.workflows.builtin import SHAPING_DEFAULTS, workflow_options
+    from flexmarl_jax.workflows.from_config import (
+        SHIPPED_CONFIGS,
+        task_from_config,
+        task_key,
+        task_option_names,
+        workflow_from_config,
+    )
+    from flexmarl_jax.workflows.tasks import TASK_BUILDERS
 
+    workflow = config.workflow
+    start_from = (f"; a workflow's options, roles, agents and shaping weights go together: start from "
+                  f"--config={SHIPPED_CONFIGS[workflow.name]}" if workflow.name in SHIPPED_CONFIGS else "")
+    allowed_options, allowed_weights = workflow_options(workflow.name), sorted(SHAPING_DEFAULTS[workflow.name])
+    foreign = [f"options {sorted(set(workflow.options.keys()) - set(allowed_options))}",
+               f"shaping_weights {sorted(set(workflow.shaping_weights.keys()) - set(allowed_weights))}"]
+    foreign = [part for part in foreign if not part.endswith("[]")]
+    if foreign:  # typically another workflow's sections, after switching workflow.name
+        raise ConfigError(f"config.workflow.name={workflow.name!r} does not take config.workflow "
+                          f"{' and '.join(foreign)}; it takes options {', '.join(allowed_options)} and "
+                          f"shaping weights {', '.join(allowed_weights) or '(none)'}{start_from}")
+    for role, agent in workflow.roles.items():
+        if not isinstance(agent, str):
+            raise ConfigError(f"config.workflow.roles.{role}={agent!r} must be an agent name (str)")
     try:
-        build_workflow_for_agents(config.workflow.name, list(config.workflow.agents),
-                                  shaping_weights=config.workflow.shaping_weights.to_dict())
-    except ValueError as error:
-        raise ConfigError(f"config.workflow: {error}") from None
-    try:
-        resolve_task(config.workflow.task, **config.workflow.task_options.to_dict())
+        built = workflow_from_config(workflow)
     except (ValueError, TypeError) as error:
-        raise ConfigError(f"config.workflow.task={config.workflow.task!r} with task_options="
-                          f"{config.workflow.task_options.to_dict()}: {error}") from None
+        raise ConfigError(f"config.workflow (name={workflow.name!r}): {error}") from None
+    declared, played = set(config.agents.keys()), set(built.agents)
+    if declared != played:
+        missing, idle = sorted(played - declared), sorted(declared - played)
+        problems = ([f"roles are played by undeclared agent(s) {missing}"] if missing else []) + (
+            [f"agent(s) {idle} play no role"] if idle else [])
+        raise ConfigError(f"config.agents={sorted(declared)} does not match workflow {workflow.name!r}: "
+                          f"{' and '.join(problems)} (role -> agent: {_roles_played(workflow)}){start_from}")
+
+    for name in workflow.task_options.keys():
+        section = workflow.task_options[name]
+        if name == "jsonl":
+            from flexmarl_jax.workflows import dataset  # noqa: F401  (registers "jsonl")
+        if name not in TASK_BUILDERS:
+            raise ConfigError(f"config.workflow.task_options.{name}: no task {name!r}; "
+                              f"tasks: {', '.join(sorted(set(TASK_BUILDERS) | {'jsonl'}))}")
+        if not isinstance(section, ml_collections.ConfigDict):
+            raise ConfigError(f"config.workflow.task_options.{name} must be a section of task {name!r}'s options")
+        unknown = sorted(set(section.keys()) - task_option_names(name))
+        if unknown:
+            raise ConfigError(f"config.workflow.task_options.{name}: task {name!r} has no option(s) {unknown}; "
+                              f"allowed: {', '.join(sorted(task_option_names(name)))}")
+    try:
+        task_from_config(workflow)
+    except (ValueError, TypeError, OSError) as error:
+        raise ConfigError(f"config.workflow.task={workflow.task!r} with task_options.{task_key(workflow.task)}: "
+                          f"{error}") from None
+
+
+def _roles_played(workflow: ml_collections.ConfigDict) -> str:
+    """"role->agent, ..." for every role of the configured workflow, in call order."""
+    from flexmarl_jax.workflows.builtin import workflow_roles
+
+    roles = workflow.roles.to_dict()
+    return ", ".join(f"{role}->{roles.get(role, role)}"
+                     for role in workflow_roles(workflow.name, workflow.options.to_dict()))
 
 
 def validate_config(config: ml_collections.ConfigDict, *, available_devices: int | None = None) -> None:
@@ -129,10 +180,6 @@ def validate_config(config: ml_collections.ConfigDict, *, available_devices: int
         _check_fields(config[section], section, fields)
     if len(config.agents) == 0:
         raise ConfigError("config.agents is empty; declare at least one agent")
-    roles = tuple(config.workflow.agents)
-    if sorted(roles) != sorted(config.agents.keys()) or len(set(roles)) != len(roles):
-        raise ConfigError(f"config.workflow.agents={roles} must list each agent of config.agents once; "
-                          f"agents: {', '.join(sorted(config.agents.keys()))}")
     for name in config.agents.keys():
         _check_fields(config.agents[name], f"agents.{name}", SECTION_FIELDS["agents.*"])
         agent = config.agents[name]
@@ -168,7 +215,9 @@ def validate_config(config: ml_collections.ConfigDict, *, available_devices: int
         raise ConfigError(f"config.train.learning_rate={config.train.learning_rate} must be > 0")
     _check_choice(config, "pipeline.mode", PIPELINE_MODES)
     _check_choice(config, "train.algorithm", ALGORITHMS)
-    _check_choice(config, "workflow.name", WORKFLOWS)
+    from flexmarl_jax.workflows.builtin import WORKFLOW_BUILDERS
+
+    _check_choice(config, "workflow.name", sorted(WORKFLOW_BUILDERS))
     _check_choice(config, "store.backend", STORE_BACKENDS)
 
     _check_workflow(config)

@@ -35,7 +35,8 @@ from flexmarl_jax.train.checkpoint import restore_trainer, save_all
 from flexmarl_jax.train.from_config import trainer_config_for
 from flexmarl_jax.train.trainer import AgentTrainer
 from flexmarl_jax.transfer import StateStore
-from flexmarl_jax.workflows import SamplingParams, build_workflow_for_agents, resolve_task
+from flexmarl_jax.workflows import SamplingParams
+from flexmarl_jax.workflows.from_config import task_from_config, team_agents, workflow_from_config
 
 logger = logging.getLogger(__name__)
 
@@ -47,7 +48,7 @@ PENDING_TRAINED = "pending_trained.json"  # and the sample ids it trained on, un
 def build_trainers(config: ml_collections.ConfigDict, layout, *, train_meshes: Mapping[str, Mesh] | None = None):
     """agent -> AgentTrainer on that agent's training mesh (or on ``train_meshes[agent]``)."""
     trainers = {}
-    for index, agent in enumerate(config.workflow.agents):
+    for index, agent in enumerate(team_agents(config.workflow)):
         # The run trains without truncated importance sampling, also with max_staleness > 0, and pads to
         # prompt + response tokens (one more than the loss needs).
         trainer_config = dataclasses.replace(
@@ -64,14 +65,14 @@ def sampling_for(config: ml_collections.ConfigDict) -> dict[str, SamplingParams]
     return {agent: SamplingParams(temperature=config.agents[agent].temperature, top_k=config.agents[agent].top_k,
                                   top_p=config.agents[agent].top_p,
                                   max_new_tokens=config.rollout.max_response_length)
-            for agent in config.workflow.agents}
+            for agent in team_agents(config.workflow)}
 
 
 def agent_layout(config: ml_collections.ConfigDict):
     """Each agent's rollout and training devices (`mesh.layout.layout_devices`) for a config. With shared
     training slices (`mesh.train_slices`) agents get no training devices of their own."""
     mesh = config.mesh
-    return layout_devices(jax.devices(), tuple(config.workflow.agents),
+    return layout_devices(jax.devices(), team_agents(config.workflow),
                           instances_per_agent=config.rollout.instances_per_agent,
                           rollout_devices_per_instance=mesh.rollout_devices_per_instance,
                           train_devices_per_agent=0 if mesh.train_slices else mesh.train_devices_per_agent,
@@ -81,7 +82,7 @@ def agent_layout(config: ml_collections.ConfigDict):
 def build_orchestrator(config: ml_collections.ConfigDict, *, timeline: metrics.Timeline | None = None,
                        resume: bool = True):
     """Everything a run needs: (orchestrator, trainers, store, rollout handle, start iteration)."""
-    agents = tuple(config.workflow.agents)
+    agents = team_agents(config.workflow)
     mode = config.pipeline.mode
     train_slices = config.mesh.train_slices
     if train_slices and mode == "serial":
@@ -93,9 +94,8 @@ def build_orchestrator(config: ml_collections.ConfigDict, *, timeline: metrics.T
     # With shared slices, agent i starts on slice i mod S (its state is offloaded to host right after setup).
     trainers = build_trainers(config, layout, train_meshes=None if slice_meshes is None else {
         agent: slice_meshes[index % train_slices] for index, agent in enumerate(agents)})
-    workflow = build_workflow_for_agents(config.workflow.name, agents,
-                                         shaping_weights=config.workflow.shaping_weights.to_dict())
-    task = resolve_task(config.workflow.task, **config.workflow.task_options.to_dict())
+    workflow = workflow_from_config(config.workflow)
+    task = task_from_config(config.workflow)
     checkpoint_root = os.path.join(config.workdir, CHECKPOINT_DIR)
     start = 0
     common = _common_checkpoint_version(checkpoint_root, agents) if resume else None

@@ -193,17 +193,22 @@ class StoreSink:
                     self._cond.notify_all()
 
     def _write(self, groups: list[_Group]) -> None:
-        """One append per (agent, group size) with every row's data, reward and advantage."""
-        by_key: dict[tuple[str, int], list[_Group]] = collections.defaultdict(list)
+        """One append per (agent, group size, dependencies) with every row's data, reward and advantage.
+
+        Rows of one append share the set of agents they depend on: an agent's groups of different turns
+        may depend on different agents (a debater's first round only on itself, later rounds on every
+        debater), and the store records a version for every dependency of every row of an append.
+        """
+        by_key: dict[tuple[str, int, tuple[str, ...]], list[_Group]] = collections.defaultdict(list)
         for group in groups:
-            by_key[(group.agent, len(group.records))].append(group)
-        for (agent, group_size), same in by_key.items():
+            dependencies = tuple(sorted({a for r in group.records for a in self.versions_of(r)}))
+            by_key[(group.agent, len(group.records), dependencies)].append(group)
+        for (agent, group_size, dependencies), same in by_key.items():
             records = [r for group in same for r in group.records]
             group_rewards = [np.asarray([g.rewards[r.sample_id] for r in g.records], np.float32) for g in same]
             rewards = np.concatenate(group_rewards)
             advantages = np.concatenate([np.asarray(self.advantage_fn(r), np.float32) for r in group_rewards])
             versions = [self.versions_of(r) for r in records]
-            dependencies = sorted({a for v in versions for a in v})
             if self._on_generated is not None:  # before the rows become claimable
                 for record, record_versions in zip(records, versions, strict=True):
                     self._on_generated(record, record_versions)

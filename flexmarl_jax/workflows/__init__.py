@@ -6,9 +6,10 @@ in tests) and hands every agent call to an `ExperienceSink` (the orchestrator ma
 
 from flexmarl_jax.workflows.builtin import (
     WORKFLOW_BUILDERS,
+    build_configured_workflow,
     build_workflow,
-    build_workflow_for_agents,
     register_workflow,
+    workflow_roles,
 )
 from flexmarl_jax.workflows.dataset import DatasetError, JsonlTask, read_jsonl_records
 from flexmarl_jax.workflows.executor import (
@@ -77,10 +78,11 @@ __all__ = [
     "WorkflowExecutionError",
     "WorkflowExecutor",
     "allocate_rewards",
+    "build_configured_workflow",
     "build_task",
     "build_workflow",
-    "build_workflow_for_agents",
     "read_jsonl_records",
     "register_workflow",
     "resolve_task",
+    "workflow_roles",
 ]

@@ -26,14 +26,29 @@ from flexmarl_jax.workflows.graph import (
 )
 
 WORKFLOW_BUILDERS: dict[str, Callable[..., Workflow]] = {}
+# workflow -> the builder arguments whose values name roles (a role name, a list of them, or DAG node
+# dicts whose "agent" is a role). `build_configured_workflow` maps these through `workflow.roles`.
+ROLE_ARGUMENTS: dict[str, tuple[str, ...]] = {}
+# workflow -> its shaping terms with their default weights.
+SHAPING_DEFAULTS: dict[str, Mapping[str, float]] = {}
 
 
-def register_workflow(name: str) -> Callable[[Callable[..., Workflow]], Callable[..., Workflow]]:
+def register_workflow(
+    name: str, *, role_arguments: Sequence[str] = (), shaping: Mapping[str, float] | None = None
+) -> Callable[[Callable[..., Workflow]], Callable[..., Workflow]]:
     def decorator(builder: Callable[..., Workflow]) -> Callable[..., Workflow]:
         WORKFLOW_BUILDERS[name] = builder
+        ROLE_ARGUMENTS[name] = tuple(role_arguments)
+        SHAPING_DEFAULTS[name] = dict(shaping or {})
         return builder
 
     return decorator
+
+
+def workflow_options(name: str) -> tuple[str, ...]:
+    """The options (builder arguments) workflow `name` takes, besides its shaping weights."""
+    parameters = inspect.signature(WORKFLOW_BUILDERS[name]).parameters
+    return tuple(sorted(set(parameters) - {"shaping_weights"}))
 
 
 def build_workflow(name: str, **kwargs: Any) -> Workflow:
@@ -82,7 +97,7 @@ CHAIN_TEMPLATES = {
 CHAIN_SHAPING = {"solver_correct": 0.0, "verifier_judgement": 0.5, "corrector_fix": 0.5}
 
 
-@register_workflow("chain")
+@register_workflow("chain", role_arguments=("agents",), shaping=CHAIN_SHAPING)
 def chain(
     agents: Sequence[str] = ("solver", "verifier", "corrector"),
     templates: Mapping[str, str] | None = None,
@@ -157,9 +172,9 @@ DEBATE_TEMPLATES = {"first": "{prompt}", "later": "{prompt}{inputs}>", "judge": 
 DEBATE_SHAPING = {"debater_correct": 0.5}
 
 
-@register_workflow("debate")
+@register_workflow("debate", role_arguments=("debaters", "judge"), shaping=DEBATE_SHAPING)
 def debate(
-    agents: Sequence[str] = ("debater0", "debater1", "debater2"),
+    debaters: Sequence[str] = ("debater0", "debater1", "debater2"),
     rounds: int = 2,
     aggregate: str = "majority",
     judge: str = "judge",
@@ -171,29 +186,31 @@ def debate(
     """N debaters for R rounds; round r > 0 sees all round r-1 answers ({inputs}, in agent order).
 
     Args:
-      agents: debater agent names (repeat a name to share one policy among debaters).
-      aggregate: "majority" (vote over last-round answers, ties to the first agent) or "judge" (a judge agent
+      debaters: debater agent names (repeat a name to share one policy among debaters).
+      rounds: debate rounds; round r > 0 sees every debater's round r-1 answer.
+      aggregate: "majority" (vote over last-round answers, ties to the first debater) or "judge" (a judge agent
         sees the last-round answers and answers).
+      judge: the judge's agent name (used only with aggregate="judge").
       templates: overrides of DEBATE_TEMPLATES (first round, later rounds, judge).
       shaping_weights: debater_correct (a debater's own answer in that round is right).
     """
-    if len(agents) < 2:
-        raise WorkflowError(f"debate needs >= 2 agents, got {list(agents)}")
+    if len(debaters) < 2:
+        raise WorkflowError(f"debate needs >= 2 debaters, got {list(debaters)}")
     if rounds < 1:
         raise WorkflowError(f"debate rounds={rounds} must be >= 1")
     if aggregate not in ("majority", "judge"):
         raise WorkflowError(f"debate aggregate={aggregate!r}; allowed: ['judge', 'majority']")
     texts = _templates(DEBATE_TEMPLATES, templates, "debate")
-    shared = len(set(agents)) < len(agents)
+    shared = len(set(debaters)) < len(debaters)
 
     def name(index: int, round_index: int) -> str:
-        return f"{agents[index]}_{index}_r{round_index}" if shared else f"{agents[index]}_r{round_index}"
+        return f"{debaters[index]}_{index}_r{round_index}" if shared else f"{debaters[index]}_r{round_index}"
 
     nodes, edges = [], []
     for round_index in range(rounds):
-        for index, agent in enumerate(agents):
-            # Distinct agents: turn = round. Shared policies need distinct turns per debater slot.
-            turn = round_index * len(agents) + index if shared else round_index
+        for index, agent in enumerate(debaters):
+            # Distinct debaters: turn = round. Shared policies need distinct turns per debater slot.
+            turn = round_index * len(debaters) + index if shared else round_index
             nodes.append(
                 Node(
                     name(index, round_index),
@@ -204,11 +221,11 @@ def debate(
             )
             if round_index:
                 edges.extend(
-                    Edge(name(peer, round_index - 1), name(index, round_index)) for peer in range(len(agents))
+                    Edge(name(peer, round_index - 1), name(index, round_index)) for peer in range(len(debaters))
                 )
-    last_round = [name(index, rounds - 1) for index in range(len(agents))]
+    last_round = [name(index, rounds - 1) for index in range(len(debaters))]
     if aggregate == "judge":
-        nodes.append(Node("judge", judge, texts["judge"], turn=rounds * (len(agents) if shared else 1)))
+        nodes.append(Node("judge", judge, texts["judge"], turn=rounds * (len(debaters) if shared else 1)))
         edges.extend(Edge(node, "judge") for node in last_round)
         answer = first_answer_of(["judge"])
     else:
@@ -236,7 +253,7 @@ MIXTURE_TEMPLATES = {"proposer": "{prompt}", "aggregator": "{prompt}{inputs}>"}
 MIXTURE_SHAPING = {"proposal_correct": 0.5}
 
 
-@register_workflow("mixture")
+@register_workflow("mixture", role_arguments=("proposers", "aggregator"), shaping=MIXTURE_SHAPING)
 def mixture(
     proposers: Sequence[str] = ("proposer0", "proposer1", "proposer2"),
     aggregator: str = "aggregator",
@@ -281,13 +298,16 @@ def mixture(
     )
 
 
-@register_workflow("dag")
+DAG_SHAPING = {"own_answer_correct": 0.0}
+
+
+@register_workflow("dag", role_arguments=("nodes",), shaping=DAG_SHAPING)
 def dag(
     nodes: Sequence[Mapping[str, Any]],
     edges: Sequence[Mapping[str, Any] | Sequence[str]] = (),
     answer_from: Sequence[str] | None = None,
     team_weight: float = 1.0,
-    own_answer_weight: float = 0.0,
+    shaping_weights: Mapping[str, float] | None = None,
     max_field_chars: int | None = 16,
 ) -> Workflow:
     """A custom DAG from plain data (e.g. a config).
@@ -296,7 +316,7 @@ def dag(
       nodes: dicts with "agent" and optional "name" (default: the agent), "template", "parser", "turn".
       edges: dicts {"src", "dst", "when"?} or (src, dst) pairs naming nodes (= agents when names are omitted).
       answer_from: final answer = the first of these nodes that ran (default: the last node in order).
-      own_answer_weight: weight of the "own_answer_correct" shaping term (every node).
+      shaping_weights: overrides of DAG_SHAPING: own_answer_correct (a node's own answer is right; every node).
     """
     built_nodes = []
     for spec in nodes:
@@ -338,26 +358,64 @@ def dag(
         built_edges,
         first_answer_of(answer_nodes),
         shaping_terms=terms,
-        reward_weights=RewardWeights(team_weight, {"own_answer_correct": own_answer_weight}),
+        reward_weights=_weights(team_weight, DAG_SHAPING, shaping_weights, "dag"),
         max_field_chars=max_field_chars,
     )
 
 
-def build_workflow_for_agents(name: str, agent_names: Sequence[str], **kwargs: Any) -> Workflow:
-    """A built-in workflow whose roles are filled, in order, by the configured agents.
+def _map_role_argument(value: Any, roles: Mapping[str, str]) -> Any:
+    """A role argument with every role name replaced by the agent that plays it."""
+    if isinstance(value, str):
+        return roles.get(value, value)
+    mapped = []
+    for item in value:
+        if isinstance(item, Mapping):  # a DAG node: its "agent" is a role, and names the node by default
+            item = dict(item)
+            if "agent" in item:
+                item.setdefault("name", item["agent"])
+                item["agent"] = roles.get(item["agent"], item["agent"])
+            mapped.append(item)
+        else:
+            mapped.append(roles.get(item, item))
+    return mapped
 
-    chain: (solver, verifier, corrector). debate: all debaters, or debaters + judge (last) when
-    aggregate="judge". mixture: proposers + aggregator (last). dag: names are not needed.
+
+def workflow_roles(name: str, options: Mapping[str, Any] | None = None) -> tuple[str, ...]:
+    """The roles of workflow `name` with these options, in call order (each played by one agent)."""
+    return build_workflow(name, **dict(options or {})).agents
+
+
+def build_configured_workflow(
+    name: str,
+    *,
+    options: Mapping[str, Any] | None = None,
+    roles: Mapping[str, str] | None = None,
+    shaping_weights: Mapping[str, float] | None = None,
+) -> Workflow:
+    """A registered workflow as a config describes it (`config.workflow`).
+
+    Args:
+      name: registry name (chain, debate, mixture, dag).
+      options: the builder's own arguments (debate: rounds, aggregate, judge, debaters; mixture: proposers,
+        aggregator; dag: nodes, edges, answer_from; ...). Role arguments hold role names.
+      roles: role -> agent. Roles not listed are played by the agent of the same name; two roles mapped to
+        one agent share its policy and trainer.
+      shaping_weights: overrides of the workflow's default shaping weights.
     """
-    names = list(agent_names)
-    if name == "chain":
-        return build_workflow(name, agents=names, **kwargs)
-    if name == "debate":
-        if kwargs.get("aggregate") == "judge":
-            return build_workflow(name, agents=names[:-1], judge=names[-1], **kwargs)
-        return build_workflow(name, agents=names, **kwargs)
-    if name == "mixture":
-        if len(names) < 2:
-            raise WorkflowError(f"mixture needs >= 2 agents (proposers..., aggregator), got {names}")
-        return build_workflow(name, proposers=names[:-1], aggregator=names[-1], **kwargs)
-    return build_workflow(name, **kwargs)
+    options, roles = dict(options or {}), dict(roles or {})
+    if "shaping_weights" in options:
+        raise WorkflowError("set shaping weights in config.workflow.shaping_weights, not in workflow options")
+    known_roles = workflow_roles(name, options)
+    unknown = sorted(set(roles) - set(known_roles))
+    if unknown:
+        raise WorkflowError(
+            f"workflow {name!r} has no role(s) {unknown} to map to agents; its roles: {list(known_roles)}"
+        )
+    for argument in ROLE_ARGUMENTS.get(name, ()):
+        if argument in options:
+            options[argument] = _map_role_argument(options[argument], roles)
+        elif roles:
+            default = inspect.signature(WORKFLOW_BUILDERS[name]).parameters[argument].default
+            if default is not inspect.Parameter.empty:
+                options[argument] = _map_role_argument(default, roles)
+    return build_workflow(name, shaping_weights=shaping_weights or None, **options)

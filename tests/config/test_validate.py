@@ -1,5 +1,8 @@
 """Validation names the field, the value and the rule, in one line."""
 
+import importlib
+import pathlib
+
 import ml_collections
 import pytest
 
@@ -56,17 +59,93 @@ def test_unknown_and_mistyped_fields_in_a_config_file():
         validate_config(config)
 
 
-def test_every_shipped_variant_is_valid():
-    for variant in ("", "sync", "serial", "stale1", "smoke"):
-        validate_config(load_config(f"configs/tiny.py:{variant}"), available_devices=8)
+CONFIG_FILES = sorted(path.name for path in pathlib.Path("configs").glob("*.py") if path.name != "__init__.py")
+
+
+@pytest.mark.parametrize("name", CONFIG_FILES)
+def test_every_variant_of_every_config_file_is_valid(name):
+    module = importlib.import_module(f"flexmarl_jax.configs.{name[:-3]}")
+    assert module.VARIANTS, name
+    for variant in ("", *module.VARIANTS):
+        validate_config(load_config(f"configs/{name}:{variant}"), available_devices=8)
+
+
+def test_variants_combine():
+    config = load_config("configs/debate.py:judge,sync,smoke")
+    assert config.workflow.options.aggregate == "judge" and config.pipeline.mode == "sync"
+    assert config.iterations == 2 and "judge" in config.agents
+    validate_config(config, available_devices=8)
 
 
 @pytest.mark.parametrize("overrides, fragment", [
-    ({"workflow.agents": "('solver', 'verifier')"}, "config.workflow.agents=('solver', 'verifier') must list each"),
-    ({"workflow.task_options.max_digits": "0"}, "max_digits=0"),
+    ({"workflow.roles.solver": "verifier"},
+     "config.agents=['corrector', 'solver', 'verifier'] does not match workflow 'chain': agent(s) ['solver'] "
+     "play no role (role -> agent: solver->verifier, verifier->verifier, corrector->corrector)"),
+    ({"workflow.roles.verifier": "critic"}, "roles are played by undeclared agent(s) ['critic']"),
+    ({"workflow.task_options.arithmetic.max_digits": "0"}, "max_digits=0"),
     ({"workflow.task": "sudoku"}, "config.workflow.task='sudoku'"),
+    ({"workflow.task": "missing.jsonl"}, "config.workflow.task='missing.jsonl' with task_options.jsonl"),
+    ({"workflow.options.corrector_runs": "sometimes"}, "unknown condition 'sometimes'"),
+    # Switching workflows keeps chain's sections: one line says what the new workflow takes and where to start.
+    ({"workflow.name": "debate"},
+     "config.workflow.name='debate' does not take config.workflow options ['corrector_runs'] and shaping_weights "
+     "['corrector_fix', 'solver_correct', 'verifier_judgement']; it takes options aggregate, debaters, judge, "
+     "max_field_chars, rounds, team_weight, templates and shaping weights debater_correct; a workflow's options, "
+     "roles, agents and shaping weights go together: start from --config=configs/debate.py"),
+    ({"workflow.name": "tree"},
+     "config.workflow.name='tree' is not allowed; choose one of: chain, dag, debate, mixture"),
 ])
 def test_bad_workflow_settings(overrides, fragment):
     with pytest.raises(ConfigError) as error:
         _validate(overrides)
     assert fragment in str(error.value)
+    assert "\n" not in str(error.value)
+
+
+def test_task_options_belong_to_their_task():
+    config = load_config()
+    with config.unlocked():
+        config.workflow.task_options.arithmetic.max_number = 3
+    with pytest.raises(ConfigError, match=r"task_options.arithmetic: task 'arithmetic' has no option\(s\) "
+                                          r"\['max_number'\]; allowed: .*max_answer"):
+        validate_config(config)
+    config = load_config()
+    with config.unlocked():
+        config.workflow.task_options.sudoku = ml_collections.ConfigDict({"size": 9})
+    with pytest.raises(ConfigError, match=r"task_options.sudoku: no task 'sudoku'; tasks: arithmetic, countdown"):
+        validate_config(config)
+
+
+@pytest.mark.parametrize("task", ["countdown", "reverse", "arithmetic"])
+def test_switching_the_task_uses_that_tasks_own_options(task):
+    from flexmarl_jax.workflows.from_config import task_from_config
+
+    config = apply_overrides(load_config(), {"workflow.task": task})
+    validate_config(config, available_devices=8)
+    built = task_from_config(config.workflow)
+    assert built.name == task
+    if task == "countdown":
+        assert built.max_number == config.workflow.task_options.countdown.max_number
+
+
+def test_switching_the_task_to_a_jsonl_file(tmp_path):
+    from flexmarl_jax.workflows.from_config import task_from_config
+
+    path = tmp_path / "sums.jsonl"
+    path.write_text('{"prompt": "1+2=", "answer": "3"}\n')
+    config = apply_overrides(load_config(), {"workflow.task": str(path)})
+    validate_config(config, available_devices=8)
+    built = task_from_config(config.workflow)
+    assert built.verifier_name == config.workflow.task_options.jsonl.verifier == "numeric"
+    assert built.verify(built.generate(1, seed=0)[0], "3.0")
+
+
+def test_shared_roles_make_one_agent():
+    from flexmarl_jax.workflows.from_config import team_agents, workflow_from_config
+
+    config = load_config("configs/debate.py:shared")
+    validate_config(config, available_devices=8)
+    assert team_agents(config.workflow) == ("debater", "debater2")
+    workflow = workflow_from_config(config.workflow)
+    played = [workflow.nodes[node].agent for node in workflow.order]
+    assert played.count("debater") == 4 and played.count("debater2") == 2  # 2 roles x 2 rounds, 1 x 2

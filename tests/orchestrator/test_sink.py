@@ -27,13 +27,13 @@ class CountingStore:
         return self.store.append_rows(agent, **kwargs)
 
 
-def add_group(sink, agent, query, size):
-    records = [CallRecord(sample_id=f"{query}_0_{j}", input_id=query, turn=0, trajectory_id=j, agent=agent,
-                          node=agent, group_id=f"{query}_0", prompt="p", prompt_token_ids=(1, 2), text="t",
+def add_group(sink, agent, query, size, *, turn=0, upstream=None):
+    records = [CallRecord(sample_id=f"{query}_{turn}_{j}", input_id=query, turn=turn, trajectory_id=j, agent=agent,
+                          node=agent, group_id=f"{query}_{turn}", prompt="p", prompt_token_ids=(1, 2), text="t",
                           token_ids=(3, 4, 5), logprobs=(-0.1, -0.2, -0.3), finish_reason="stop",
-                          policy_version=0, upstream_policy_versions={}) for j in range(size)]
+                          policy_version=0, upstream_policy_versions=dict(upstream or {})) for j in range(size)]
     sink.add_calls(records)
-    sink.close_group(agent, f"{query}_0", size)
+    sink.close_group(agent, f"{query}_{turn}", size)
     sink.set_rewards(agent, [r.sample_id for r in records], [float(j) for j in range(size)])
 
 
@@ -82,4 +82,21 @@ def test_held_groups_wait_for_release_whatever_their_size():
     assert counting.appends == []
     sink.release_held()
     assert counting.appends == [("solver", 4)]
+    sink.close()
+
+
+def test_groups_of_one_agent_with_different_dependencies_share_a_write():
+    """A debater's first round depends only on itself, its second round on every debater: both groups are
+    complete at once and go out in one write, yet no row gets a version for an agent it does not depend on
+    (the store refuses negative versions, which is how `debate` used to fail in its first iteration)."""
+    counting = CountingStore()
+    sink = StoreSink(counting, lambda r: r - r.mean(), rows_per_write=64, max_delay_s=60.0)
+    add_group(sink, "solver", "q0", 4, turn=0)
+    add_group(sink, "solver", "q0", 4, turn=1, upstream={"solver": 0, "verifier": 0})
+    sink.flush()
+    rows = counting.store.read_rows("solver")
+    by_id = dict(zip(rows["sample_id"], np.asarray(rows["policy_versions"]["verifier"]), strict=True))
+    assert sorted(by_id) == [f"q0_{turn}_{j}" for turn in (0, 1) for j in range(4)]
+    assert [by_id[f"q0_0_{j}"] for j in range(4)] == [-1] * 4  # round 0: no verifier dependency
+    assert [by_id[f"q0_1_{j}"] for j in range(4)] == [0] * 4
     sink.close()

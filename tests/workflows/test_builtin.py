@@ -23,12 +23,12 @@ def test_chain_structure_and_agent_names():
 
 
 def test_debate_rounds_and_turns():
-    flow = build_workflow("debate", agents=["a", "b"], rounds=3)
+    flow = build_workflow("debate", debaters=["a", "b"], rounds=3)
     assert flow.num_levels == 3 and len(flow.nodes) == 6
     assert flow.upstream["a_r2"] == ("a_r1", "b_r1") and flow.turn["b_r2"] == 2
-    judged = build_workflow("debate", agents=["a", "b"], rounds=1, aggregate="judge", judge="j")
+    judged = build_workflow("debate", debaters=["a", "b"], rounds=1, aggregate="judge", judge="j")
     assert judged.upstream["judge"] == ("a_r0", "b_r0") and judged.agents == ("a", "b", "j")
-    shared = build_workflow("debate", agents=["d", "d", "d"], rounds=2)
+    shared = build_workflow("debate", debaters=["d", "d", "d"], rounds=2)
     turns = [shared.turn[n] for n in shared.order]
     assert sorted(turns) == list(range(6)) and shared.agents == ("d",)
 
@@ -82,16 +82,50 @@ def test_bad_options_are_named(name, kwargs, message):
         build_workflow(name, **kwargs)
 
 
-def test_roles_filled_from_configured_agent_names():
-    from flexmarl_jax.workflows.builtin import build_workflow_for_agents
+def test_roles_are_mapped_to_agents():
+    from flexmarl_jax.workflows.builtin import build_configured_workflow, workflow_roles
 
-    assert build_workflow_for_agents("chain", ["s", "v", "c"]).agents == ("s", "v", "c")
-    judged = build_workflow_for_agents("debate", ["a", "b", "j"], aggregate="judge", rounds=1)
-    assert judged.nodes["judge"].agent == "j" and judged.agents == ("a", "b", "j")
-    mixture = build_workflow_for_agents("mixture", ["p", "q", "agg"])
-    assert mixture.nodes["aggregator"].agent == "agg" and mixture.agents == ("p", "q", "agg")
-    with pytest.raises(WorkflowError, match="mixture needs >= 2 agents"):
-        build_workflow_for_agents("mixture", ["p"])
+    chain = build_configured_workflow("chain", roles={"solver": "s", "verifier": "v", "corrector": "c"})
+    assert chain.agents == ("s", "v", "c") and chain.order == ("solver", "verifier", "corrector")
+    judged = build_configured_workflow("debate", options={"aggregate": "judge", "rounds": 1},
+                                       roles={"judge": "j"})
+    assert judged.nodes["judge"].agent == "j" and judged.agents == ("debater0", "debater1", "debater2", "j")
+    assert workflow_roles("debate", {"aggregate": "judge"}) == ("debater0", "debater1", "debater2", "judge")
+    assert workflow_roles("debate") == ("debater0", "debater1", "debater2")  # no judge without aggregate="judge"
+    # Two debater roles played by one agent: one policy; its calls get distinct turns (distinct sample ids).
+    shared = build_configured_workflow("debate", options={"rounds": 2}, roles={"debater0": "d", "debater1": "d"})
+    assert shared.agents == ("d", "debater2")
+    d_turns = [shared.turn[n] for n in shared.order if shared.nodes[n].agent == "d"]
+    assert len(d_turns) == 4 == len(set(d_turns))
+    mixture = build_configured_workflow("mixture", options={"proposers": ["p", "q"]}, roles={"p": "x", "q": "x"})
+    assert mixture.agents == ("x", "aggregator") and mixture.upstream["aggregator"] == ("x_0", "x_1")
+
+
+def test_dag_roles_keep_node_names():
+    from flexmarl_jax.workflows.builtin import build_configured_workflow
+
+    options = {"nodes": [{"agent": "planner"}, {"agent": "coder", "template": "{prompt}{planner}>"},
+                         {"agent": "tester", "template": "{prompt}{coder}?"}],
+               "edges": [("planner", "coder"), ("coder", "tester")]}
+    flow = build_configured_workflow("dag", options=options, roles={"planner": "lead", "tester": "lead"},
+                                     shaping_weights={"own_answer_correct": 0.25})
+    assert flow.order == ("planner", "coder", "tester")  # node names stay the roles the edges name
+    assert [flow.nodes[n].agent for n in flow.order] == ["lead", "coder", "lead"]
+    assert flow.reward_weights.shaping == {"own_answer_correct": 0.25}
+
+
+@pytest.mark.parametrize("options, roles, message", [
+    ({}, {"critic": "x"}, r"workflow 'chain' has no role\(s\) \['critic'\] to map to agents; its roles: "
+                          r"\['solver', 'verifier', 'corrector'\]"),
+    ({"shaping_weights": {}}, {}, "set shaping weights in config.workflow.shaping_weights"),
+    ({"rounds": 0}, {}, "rounds=0"),
+])
+def test_configured_workflow_errors(options, roles, message):
+    from flexmarl_jax.workflows.builtin import build_configured_workflow
+
+    name = "debate" if "rounds" in options else "chain"
+    with pytest.raises((ValueError, WorkflowError), match=message):
+        build_configured_workflow(name, options=options, roles=roles)
 
 
 def test_default_prompts_fit_the_tiny_config():

@@ -256,8 +256,8 @@ def test_grouped_root_requests_and_load_statistics(make_backend):
 @pytest.mark.parametrize(
     "name, kwargs",
     [
-        ("debate", {"agents": ["a", "b"], "rounds": 2}),
-        ("debate", {"agents": ["a", "b", "c"], "aggregate": "judge"}),
+        ("debate", {"debaters": ["a", "b"], "rounds": 2}),
+        ("debate", {"debaters": ["a", "b", "c"], "aggregate": "judge"}),
         ("mixture", {"proposers": ["p", "q"]}),
     ],
 )

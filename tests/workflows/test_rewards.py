@@ -64,7 +64,7 @@ def test_chain_custom_weights():
 
 
 def test_debate_and_mixture_rewards():
-    debate = build_workflow("debate", agents=["a", "b", "c"], rounds=1)
+    debate = build_workflow("debate", debaters=["a", "b", "c"], rounds=1)
     rewards, context = allocate_rewards(
         debate, PROBLEM, outputs(a_r0="19", b_r0="19", c_r0="18"), TASK.verify
     )

@@ -1,0 +1,75 @@
+"""The workflow and task a config describes (`config.workflow`), built from plain config values.
+
+Pure Python (no JAX), so config validation can build both once and report their errors before any work.
+
+- `config.workflow.options`: the workflow builder's own arguments (see `builtin.py`); arguments that name
+  agents hold role names.
+- `config.workflow.roles`: role -> agent. A role not listed is played by the agent of its name; two roles
+  played by one agent share that agent's policy, trainer and rollout instances.
+- `config.workflow.task_options.<task>`: keyword arguments of each task's constructor; only the section of
+  the selected task is read (`jsonl` for a `.jsonl` path), so switching `workflow.task` on the command line
+  uses that task's own options or defaults.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import inspect
+from collections.abc import Mapping
+from typing import Any
+
+from flexmarl_jax.workflows.builtin import build_configured_workflow
+from flexmarl_jax.workflows.graph import Workflow
+from flexmarl_jax.workflows.tasks import TASK_BUILDERS, Task, resolve_task
+
+# The config file each built-in workflow ships with: where to start when switching workflows.
+SHIPPED_CONFIGS = {
+    "chain": "configs/tiny.py",
+    "debate": "configs/debate.py",
+    "mixture": "configs/mixture.py",
+    "dag": "configs/dag_example.py",
+}
+
+
+def _plain(section: Any) -> dict[str, Any]:
+    """A ConfigDict (or mapping) as a plain dict of plain values; tuples of dicts stay tuples of dicts."""
+    if section is None:
+        return {}
+    to_dict = getattr(section, "to_dict", None)
+    return dict(to_dict() if to_dict is not None else section)
+
+
+def workflow_from_config(workflow_config) -> Workflow:
+    """The workflow `config.workflow` describes (name, options, roles, shaping_weights)."""
+    return build_configured_workflow(
+        workflow_config.name,
+        options=_plain(workflow_config.options),
+        roles=_plain(workflow_config.roles),
+        shaping_weights=_plain(workflow_config.shaping_weights),
+    )
+
+
+def task_key(task: str) -> str:
+    """The registry name whose `task_options` section a `workflow.task` value reads."""
+    return "jsonl" if task.endswith(".jsonl") else task
+
+
+def task_option_names(name: str) -> set[str]:
+    """The keyword arguments task `name`'s constructor takes (for checking config sections)."""
+    if name == "jsonl":
+        from flexmarl_jax.workflows import dataset  # noqa: F401  (registers "jsonl")
+    builder = TASK_BUILDERS[name]
+    if dataclasses.is_dataclass(builder):
+        return {field.name for field in dataclasses.fields(builder)}
+    return set(inspect.signature(builder).parameters) - {"path"}
+
+
+def task_from_config(workflow_config) -> Task:
+    """The task `config.workflow.task` names, with its own section of `config.workflow.task_options`."""
+    options: Mapping[str, Any] = _plain(workflow_config.task_options).get(task_key(workflow_config.task), {})
+    return resolve_task(workflow_config.task, **_plain(options))
+
+
+def team_agents(workflow_config) -> tuple[str, ...]:
+    """The agents a config's workflow calls, in first-call order (the order trainers are seeded in)."""
+    return workflow_from_config(workflow_config).agents
