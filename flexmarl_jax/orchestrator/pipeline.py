@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import collections
 import dataclasses
+import functools
 import logging
 import threading
 import zlib
@@ -29,6 +30,7 @@ from flexmarl_jax.orchestrator.dispatch import AgentDispatcher, DispatchStats
 from flexmarl_jax.orchestrator.invariants import ConsistencyChecker
 from flexmarl_jax.orchestrator.shared_training import SharedTraining
 from flexmarl_jax.orchestrator.sink import StoreSink
+from flexmarl_jax.orchestrator.threads import run_threads, threads_running
 from flexmarl_jax.store import ExperienceStore
 from flexmarl_jax.train.advantages import group_advantages
 from flexmarl_jax.train.normalizers import IterationNormalizers
@@ -222,107 +224,96 @@ class JointOrchestrator:
         }
 
     def _drain_all(self, dispatchers, stats, rollout: _Rollout, *, concurrent: bool) -> None:
+        """Every agent's dispatcher claims and accumulates micro-batches until the rollout is done and its
+        rows are consumed; concurrently (one thread per agent) or one agent after another."""
         versions = self.versions()
-        errors: list[BaseException] = []
 
         def drain(agent: str) -> None:
             try:
                 dispatchers[agent].drain(versions, rollout.done, stats[agent], iteration_start=rollout.start_time)
-            except BaseException as error:
-                errors.append(error)
-                rollout.done.wait()
+            except BaseException:
+                rollout.done.wait()  # the rollout still owns its threads: fail only once it is over
+                raise
 
         if concurrent:
-            threads = [threading.Thread(target=drain, args=(agent,), name=f"dispatch-{agent}", daemon=True)
-                       for agent in dispatchers]
-            for thread in threads:
-                thread.start()
-            for thread in threads:
-                thread.join()
+            run_threads({f"dispatch-{agent}": functools.partial(drain, agent) for agent in dispatchers})
         else:
             for agent in dispatchers:
                 drain(agent)
-        if errors:
-            raise errors[0]
 
     def run_iteration(self, iteration: int) -> dict:
-        """Runs one iteration end to end and returns its metrics record (without wall-clock splits)."""
-        settings = self.settings
+        """Runs one iteration end to end and returns its metrics record (without wall-clock splits).
+
+        Phases: rollout (with micro-batches drained as they complete in the async mode), drain the rest,
+        apply every agent's update, checkpoint (`on_update_applied`), commit the trained rows as consumed,
+        sync the new weights to the rollout instances.
+        """
         t0 = self.timeline.now()
         pool_t0 = self.shared_training.clock() if self.shared_training is not None else None
-        if self.settings.max_staleness > 0:
-            self.store.drop_stale_rows(current_versions=self.versions(), max_staleness=settings.max_staleness)
-        rollout = self._pending_rollout or self._start_rollout(iteration, hold_rows=False)
-        self._pending_rollout = None
-        rollout.sink.release_held()
+        rollout = self._begin_rollout(iteration)
         dispatchers = self._dispatchers()
         stats = {agent: DispatchStats() for agent in dispatchers}
         try:
-            if settings.overlaps_training:
-                trainer_thread_error: list[BaseException] = []
-
-                def train_side():
-                    try:
-                        self._drain_all(dispatchers, stats, rollout, concurrent=True)
-                    except BaseException as error:
-                        trainer_thread_error.append(error)
-
-                trainer_thread = threading.Thread(target=train_side, name="train-side", daemon=True)
-                trainer_thread.start()
-                result = rollout.wait()
-                if settings.max_staleness > 0 and iteration + 1 < self._last_iteration:
-                    self._pending_rollout = self._start_rollout(iteration + 1, hold_rows=True)
-                trainer_thread.join()
-                if trainer_thread_error:
-                    raise trainer_thread_error[0]
-            else:
-                result = rollout.wait()
-                if settings.max_staleness > 0 and iteration + 1 < self._last_iteration:
-                    self._pending_rollout = self._start_rollout(iteration + 1, hold_rows=True)
-                self._drain_all(dispatchers, stats, rollout, concurrent=settings.mode != "serial")
-            rollout.sink.close()
-            unfinished = rollout.sink.unfinished()
-            if unfinished:
-                raise RuntimeError(f"iteration {iteration}: workflow calls never closed into groups: {unfinished}")
+            result = self._rollout_and_drain(iteration, rollout, dispatchers, stats)
             train_metrics = self._apply_all()
         except BaseException:
             for dispatcher in dispatchers.values():
-                dispatcher.release_all()
+                dispatcher.release_all()  # nothing of this iteration was applied: its rows are claimable again
             raise
-        claimed = {agent: sum(len(rows) for rows in dispatcher.claimed) for agent, dispatcher in dispatchers.items()}
-        record = self._record(iteration, t0, rollout, result, stats, train_metrics, claimed)
+        trained = {agent: [sample_id for rows in dispatcher.claimed for sample_id in rows.sample_ids]
+                   for agent, dispatcher in dispatchers.items()}
+        record = self._record(iteration, t0, rollout, result, stats, train_metrics,
+                              {agent: len(ids) for agent, ids in trained.items()})
         record["train_pool"] = self._train_pool_record(t0, self.timeline.now(), pool_t0)
         if self.on_update_applied is not None:
-            trained = {agent: [sample_id for rows in dispatcher.claimed for sample_id in rows.sample_ids]
-                       for agent, dispatcher in dispatchers.items()}
-            self.on_update_applied(iteration, record, trained)  # e.g. checkpoint: before rows count as consumed
+            self.on_update_applied(iteration, record, trained)  # checkpoint: before the rows count as consumed
         for dispatcher in dispatchers.values():
             dispatcher.commit()
-        if self.checker is not None and settings.max_staleness == 0:
+        if self.checker is not None and self.settings.max_staleness == 0:
             self.checker.check_all_consumed()
         self.sync_all()
         return record
 
+    def _begin_rollout(self, iteration: int) -> _Rollout:
+        """The iteration's rollout: started now, or (max_staleness > 0) the one started during the previous
+        iteration, whose held rows now go to the store; rows beyond the staleness bound are dropped first."""
+        if self.settings.max_staleness > 0:
+            self.store.drop_stale_rows(current_versions=self.versions(), max_staleness=self.settings.max_staleness)
+        rollout = self._pending_rollout or self._start_rollout(iteration, hold_rows=False)
+        self._pending_rollout = None
+        rollout.sink.release_held()
+        return rollout
+
+    def _rollout_and_drain(self, iteration: int, rollout: _Rollout, dispatchers, stats) -> RunResult:
+        """Waits for the rollout while (async mode) the dispatchers train on its complete micro-batches, or
+        drains them after it; starts the next iteration's rollout early when staleness allows."""
+        settings = self.settings
+        train_alongside = {"train-side": functools.partial(self._drain_all, dispatchers, stats, rollout,
+                                                           concurrent=True)}
+        with threads_running(train_alongside if settings.overlaps_training else {}):
+            result = rollout.wait()
+            if settings.max_staleness > 0 and iteration + 1 < self._last_iteration:
+                self._pending_rollout = self._start_rollout(iteration + 1, hold_rows=True)
+        if not settings.overlaps_training:
+            self._drain_all(dispatchers, stats, rollout, concurrent=settings.mode != "serial")
+        rollout.sink.close()
+        unfinished = rollout.sink.unfinished()
+        if unfinished:
+            raise RuntimeError(f"iteration {iteration}: workflow calls never closed into groups: {unfinished}")
+        return result
+
     def _apply_all(self) -> dict[str, dict]:
         """Every agent applies its update, concurrently (each on its own training mesh)."""
-        metrics, errors = {}, []
+        metrics = {}
 
         def apply(agent: str, trainer: AgentTrainer) -> None:
-            try:
-                if self.shared_training is not None and trainer.pending_micro_batches:
-                    trainer.activate()  # waiting for a shared slice is not training time
-                with self.timeline.busy(f"train/{agent}", "train", agent=agent):
-                    metrics[agent] = trainer.apply(allow_empty=True)
-            except BaseException as error:
-                errors.append(error)
+            if self.shared_training is not None and trainer.pending_micro_batches:
+                trainer.activate()  # waiting for a shared slice is not training time
+            with self.timeline.busy(f"train/{agent}", "train", agent=agent):
+                metrics[agent] = trainer.apply(allow_empty=True)
 
-        threads = [threading.Thread(target=apply, args=item, name=f"apply-{item[0]}") for item in self.trainers.items()]
-        for thread in threads:
-            thread.start()
-        for thread in threads:
-            thread.join()
-        if errors:
-            raise errors[0]
+        run_threads({f"apply-{agent}": functools.partial(apply, agent, trainer)
+                     for agent, trainer in self.trainers.items()})
         return metrics
 
     def set_horizon(self, last_iteration: int) -> None:

@@ -2,13 +2,13 @@
 
 Resume: a workdir holding checkpoints continues from the last one. An iteration is atomic: its update is
 applied and checkpointed before its rows are marked consumed, and a run killed mid-iteration redoes that
-iteration from the last checkpoint — nothing it had claimed was applied, so no sample is counted twice.
+iteration from the last checkpoint — nothing it had claimed was applied, so no sample is counted twice
+(`journal.RunJournal` keeps the side files this needs).
 """
 
 from __future__ import annotations
 
 import dataclasses
-import json
 import logging
 import os
 import time
@@ -24,6 +24,7 @@ from flexmarl_jax.mesh.meshes import make_mesh
 from flexmarl_jax.models import presets
 from flexmarl_jax.models.functional import param_shardings
 from flexmarl_jax.models.tokenizer import CharTokenizer
+from flexmarl_jax.orchestrator.journal import RunJournal
 from flexmarl_jax.orchestrator.pipeline import JointOrchestrator, PipelineSettings
 from flexmarl_jax.orchestrator.rollout_setup import build_rollout
 from flexmarl_jax.orchestrator.shared_training import SharedTraining
@@ -41,8 +42,6 @@ from flexmarl_jax.workflows.from_config import task_from_config, team_agents, wo
 logger = logging.getLogger(__name__)
 
 CHECKPOINT_DIR = "checkpoints"
-PENDING_RECORD = "pending_record.json"  # the metrics record of the iteration being checkpointed
-PENDING_TRAINED = "pending_trained.json"  # and the sample ids it trained on, until they are marked consumed
 
 
 def build_trainers(config: ml_collections.ConfigDict, layout, *, train_meshes: Mapping[str, Mesh] | None = None):
@@ -98,7 +97,7 @@ def build_orchestrator(config: ml_collections.ConfigDict, *, timeline: metrics.T
     task = task_from_config(config.workflow)
     checkpoint_root = os.path.join(config.workdir, CHECKPOINT_DIR)
     start = 0
-    common = _common_checkpoint_version(checkpoint_root, agents) if resume else None
+    common = _resume_version(checkpoint_root, agents) if resume else None
     if common is not None:
         # Agents are saved one after another; a run killed in between leaves some agents one version
         # ahead. Restore every agent at the newest version that all of them completed.
@@ -138,8 +137,8 @@ def build_orchestrator(config: ml_collections.ConfigDict, *, timeline: metrics.T
         settings, trainers=trainers, store=store, workflow=workflow, task=task, backend=rollout.backend,
         sync_weights=sync_weights, sampling=sampling_for(config), pad_id=tokenizer.pad_id,
         aggregation=loss.aggregation, estimator=loss.advantage_estimator, timeline=timeline,
-        on_update_applied=lambda iteration, record, trained: _checkpoint(trainers, config.workdir, record,
-                                                                         trained),
+        on_update_applied=lambda iteration, record, trained: _checkpoint(
+            trainers, config.workdir, RunJournal(config.workdir), record, trained),
         shared_training=shared)
     return orchestrator, trainers, store, rollout, start
 
@@ -158,60 +157,18 @@ def training_slice_meshes(config: ml_collections.ConfigDict, layout, train_slice
             for i in range(train_slices)]
 
 
-def _read_json(path: str):
-    """The JSON object in `path`, or None when there is no such file."""
-    if not os.path.isfile(path):
-        return None
-    with open(path) as handle:
-        return json.load(handle)
-
-
-def _write_json_atomically(path: str, payload) -> None:
-    with open(path + ".tmp", "w") as handle:
-        json.dump(payload, handle)
-    os.replace(path + ".tmp", path)
-
-
-def _checkpoint(trainers, workdir: str, record: dict, trained: dict[str, list[str]]) -> None:
-    """After an iteration's update: its metrics record and the sample ids it trained on, then every agent's
-    state. Those go first, so that a run killed after the checkpoint but before metrics.jsonl and
-    `mark_consumed` still has them (see _recover_pending_record and _consume_trained_rows)."""
-    _write_json_atomically(os.path.join(workdir, PENDING_TRAINED),
-                           {"iteration": record["iteration"], "sample_ids": trained})
-    _write_json_atomically(os.path.join(workdir, PENDING_RECORD), metrics.to_jsonable(record))
+def _checkpoint(trainers, workdir: str, journal: RunJournal, record: dict, trained: dict[str, list[str]]) -> None:
+    """After an iteration's update: the journal keeps its record and trained sample ids, then every agent's
+    state is saved (the journal's invariant: this precedes `mark_consumed`)."""
+    journal.before_checkpoint(metrics.to_jsonable(record), trained)
     save_all(trainers, os.path.join(workdir, CHECKPOINT_DIR), max_to_keep=2)
 
 
-def _consume_trained_rows(workdir: str, store: ExperienceStore, start: int) -> None:
-    """A run killed between an iteration's checkpoint and `mark_consumed` left the rows it trained on READY:
-    mark them consumed (their update is in the checkpoint). An iteration without a checkpoint is redone
-    instead, and its rows are dropped by _begin_attempt."""
-    path = os.path.join(workdir, PENDING_TRAINED)
-    pending = _read_json(path)
-    if pending is None:
-        return
-    if pending["iteration"] < start:
-        settled = sum(store.consume_rows(agent, ids) for agent, ids in pending["sample_ids"].items())
-        if settled:
-            logger.info("marked %d rows of checkpointed iteration %d consumed", settled, pending["iteration"])
-    os.remove(path)
-
-
-def _recover_pending_record(workdir: str, writer: metrics.MetricsWriter, start: int) -> None:
-    """Writes the record of an iteration whose checkpoint exists but whose metrics line was never written;
-    a record of an iteration that is about to be redone (no checkpoint) is discarded."""
-    path = os.path.join(workdir, PENDING_RECORD)
-    record = _read_json(path)
-    if record is None:
-        return
-    if record["iteration"] < start:
-        writer.write(record)
-    os.remove(path)
-
-
-def _common_checkpoint_version(root: str, agents) -> int | None:
+def _resume_version(root: str, agents) -> int | None:
     """The newest policy version with a finished checkpoint for every agent (None: nothing to resume).
-    Newer checkpoints of some agents (a run killed while saving) are deleted: that iteration is redone."""
+
+    Agents are saved one after another; a run killed in between leaves some agents one version ahead.
+    Those newer checkpoints belong to the iteration being redone: they are deleted here."""
     import orbax.checkpoint as ocp
 
     steps = {}
@@ -234,24 +191,14 @@ def _common_checkpoint_version(root: str, agents) -> int | None:
     return newest
 
 
-def _begin_attempt(orchestrator: JointOrchestrator, workdir: str, iteration: int) -> None:
+def _begin_attempt(orchestrator: JointOrchestrator, journal: RunJournal, iteration: int) -> None:
     """Records that `iteration` starts. If an earlier run started it and died before its update was
     checkpointed, the durable store still holds that attempt's unapplied rows: drop them and redo it."""
-    previous = _count_attempt(workdir, iteration)
+    previous = journal.begin_attempt(iteration)
     orchestrator.attempts[iteration] = previous
     if previous:
         dropped = orchestrator.store.drop_stale_rows(current_versions=iteration + 1, max_staleness=0)
         logger.info("redoing iteration %d (attempt %d); dropped %d unapplied rows", iteration, previous, dropped)
-
-
-def _count_attempt(workdir: str, iteration: int) -> int:
-    """How many times `iteration` was started before; records this start."""
-    path = os.path.join(workdir, "attempts.json")
-    attempts = _read_json(path) or {}
-    previous = int(attempts.get(str(iteration), 0))
-    attempts[str(iteration)] = previous + 1
-    _write_json_atomically(path, attempts)
-    return previous
 
 
 def run_training(config: ml_collections.ConfigDict) -> int:
@@ -265,13 +212,13 @@ def run_training(config: ml_collections.ConfigDict) -> int:
     timeline = orchestrator.timeline
     orchestrator.set_horizon(config.iterations)
     writer = metrics.MetricsWriter(workdir)
-    _recover_pending_record(workdir, writer, start)
-    _consume_trained_rows(workdir, store, start)
+    journal = RunJournal(workdir)
+    journal.settle(store, writer, start)
     try:
         with metrics.IterationProgress(total=config.iterations, initial=start) as progress:
             for iteration in range(start, config.iterations):
                 if config.store.backend == "file":
-                    _begin_attempt(orchestrator, config.workdir, iteration)
+                    _begin_attempt(orchestrator, journal, iteration)
                 t0 = timeline.now()
                 record = orchestrator.run_iteration(iteration)
                 t1 = timeline.now()
@@ -280,8 +227,7 @@ def run_training(config: ml_collections.ConfigDict) -> int:
                 record["tokens_per_s"] = record["generated_tokens"] / max(t1 - t0, 1e-9)
                 record["utilization"] = timeline.utilization_report(t0, t1)
                 writer.write(record)
-                for done in (PENDING_RECORD, PENDING_TRAINED):
-                    os.remove(os.path.join(workdir, done))
+                journal.iteration_logged()
                 timeline.save(workdir)
                 progress.advance(record)
     finally:

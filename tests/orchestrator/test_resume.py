@@ -73,16 +73,16 @@ def test_sigkill_mid_run_then_resume(tmp_path):
 
 def test_a_pending_record_is_kept_only_when_its_iteration_was_checkpointed(tmp_path):
     from flexmarl_jax.metrics import MetricsWriter
-    from flexmarl_jax.orchestrator.run import PENDING_RECORD, _recover_pending_record
+    from flexmarl_jax.orchestrator.journal import PENDING_RECORD, RunJournal
 
     writer = MetricsWriter(tmp_path, tensorboard=False)
     writer.write({"iteration": 0, "team_accuracy": 0.1})
     pending = tmp_path / PENDING_RECORD
     pending.write_text(json.dumps({"iteration": 1, "team_accuracy": 0.2}))
-    _recover_pending_record(str(tmp_path), writer, start=1)  # iteration 1 is redone: its record is dropped
+    RunJournal(str(tmp_path)).settle(None, writer, start=1)  # iteration 1 is redone: its record is dropped
     assert not pending.exists() and [r["iteration"] for r in _metrics(tmp_path)] == [0]
     pending.write_text(json.dumps({"iteration": 1, "team_accuracy": 0.2}))
-    _recover_pending_record(str(tmp_path), writer, start=2)  # checkpointed, but its metrics line was lost
+    RunJournal(str(tmp_path)).settle(None, writer, start=2)  # checkpointed, but its metrics line was lost
     assert not pending.exists() and [r["iteration"] for r in _metrics(tmp_path)] == [0, 1]
 
 
@@ -90,7 +90,7 @@ def test_rows_of_a_checkpointed_iteration_are_consumed_on_resume(tmp_path):
     """A kill between the checkpoint and mark_consumed: the resume marks the trained rows consumed."""
     import numpy as np
 
-    from flexmarl_jax.orchestrator.run import PENDING_TRAINED, _consume_trained_rows
+    from flexmarl_jax.orchestrator.journal import PENDING_TRAINED, RunJournal
     from flexmarl_jax.store import ExperienceStore
 
     store = ExperienceStore.open(str(tmp_path), agents=["solver"], backend="file")
@@ -102,9 +102,9 @@ def test_rows_of_a_checkpointed_iteration_are_consumed_on_resume(tmp_path):
                                    "behaviour_logprobs": [[-1.0], [-1.0]]})
     pending = tmp_path / PENDING_TRAINED
     pending.write_text(json.dumps({"iteration": 0, "sample_ids": {"solver": ["q0_0_0", "q0_0_1"]}}))
-    _consume_trained_rows(str(tmp_path), store, start=0)  # iteration 0 not checkpointed: redone, untouched
+    RunJournal(str(tmp_path)).settle(store, None, start=0)  # iteration 0 not checkpointed: redone, untouched
     assert not pending.exists() and store.counters("solver")["consumed"] == 0
     pending.write_text(json.dumps({"iteration": 0, "sample_ids": {"solver": ["q0_0_0", "q0_0_1"]}}))
-    _consume_trained_rows(str(tmp_path), store, start=1)  # checkpointed: its rows count as consumed
+    RunJournal(str(tmp_path)).settle(store, None, start=1)  # checkpointed: its rows count as consumed
     assert not pending.exists()
     assert store.counters("solver")["consumed"] == 2 and store.counters("solver")["ready"] == 2

@@ -1,0 +1,93 @@
+"""The run journal: the side files in a workdir that let a killed run resume with nothing lost or repeated.
+
+Invariant: **an iteration's checkpoint is written before the rows it trained count as consumed.** So a run
+killed at any moment either has the iteration's update in a checkpoint (and its trained rows are marked
+consumed on resume, if the kill came before `mark_consumed`), or has no checkpoint of it (and the iteration
+is redone from the previous checkpoint; the first attempt's rows are dropped). Three files serve that:
+
+- `pending_trained.json`: the sample ids the iteration being checkpointed trained on, written before its
+  checkpoint and removed once its metrics line is written.
+- `pending_record.json`: that iteration's metrics record, kept with the checkpoint so that a kill between
+  the checkpoint and `metrics.jsonl` loses no record.
+- `attempts.json`: how often each iteration was started, so a redone iteration gets fresh input ids and
+  its first attempt's rows (in a durable store) are dropped.
+
+Every file is written atomically (a temporary file, then `os.replace`).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+
+logger = logging.getLogger(__name__)
+
+PENDING_RECORD = "pending_record.json"
+PENDING_TRAINED = "pending_trained.json"
+ATTEMPTS = "attempts.json"
+
+
+def read_json(path: str):
+    """The JSON value in `path`, or None when there is no such file."""
+    if not os.path.isfile(path):
+        return None
+    with open(path) as handle:
+        return json.load(handle)
+
+
+def write_json_atomically(path: str, payload) -> None:
+    with open(path + ".tmp", "w") as handle:
+        json.dump(payload, handle)
+    os.replace(path + ".tmp", path)
+
+
+class RunJournal:
+    """The journal files of one workdir (see the module docstring for the invariant they keep)."""
+
+    def __init__(self, workdir: str):
+        self.workdir = workdir
+
+    def _path(self, name: str) -> str:
+        return os.path.join(self.workdir, name)
+
+    # --------------------------------------------------------------------------- during an iteration
+    def begin_attempt(self, iteration: int) -> int:
+        """Records that `iteration` starts; returns how often it was started before."""
+        attempts = read_json(self._path(ATTEMPTS)) or {}
+        previous = int(attempts.get(str(iteration), 0))
+        attempts[str(iteration)] = previous + 1
+        write_json_atomically(self._path(ATTEMPTS), attempts)
+        return previous
+
+    def before_checkpoint(self, record: dict, trained: dict[str, list[str]]) -> None:
+        """Keeps the iteration's trained sample ids and metrics record; call right before its checkpoint."""
+        write_json_atomically(self._path(PENDING_TRAINED), {"iteration": record["iteration"], "sample_ids": trained})
+        write_json_atomically(self._path(PENDING_RECORD), record)
+
+    def iteration_logged(self) -> None:
+        """The iteration's metrics line is written and its rows are consumed: nothing is pending any more."""
+        for name in (PENDING_RECORD, PENDING_TRAINED):
+            os.remove(self._path(name))
+
+    # ------------------------------------------------------------------------------------- on resume
+    def settle(self, store, writer, start: int) -> None:
+        """Finishes what a killed run left pending, given `start`, the first iteration to (re)do.
+
+        An iteration before `start` was checkpointed: its record is written if its metrics line was lost,
+        and its trained rows are marked consumed if the kill came before `mark_consumed`. A pending
+        iteration at or after `start` has no checkpoint: it is redone, so its pending files are discarded.
+        """
+        record = read_json(self._path(PENDING_RECORD))
+        if record is not None:
+            if record["iteration"] < start:
+                writer.write(record)
+            os.remove(self._path(PENDING_RECORD))
+        pending = read_json(self._path(PENDING_TRAINED))
+        if pending is not None:
+            if pending["iteration"] < start:
+                settled = sum(store.consume_rows(agent, ids) for agent, ids in pending["sample_ids"].items())
+                if settled:
+                    logger.info("marked %d rows of checkpointed iteration %d consumed", settled,
+                                pending["iteration"])
+            os.remove(self._path(PENDING_TRAINED))
