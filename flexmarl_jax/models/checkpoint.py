@@ -3,6 +3,13 @@
 One table (`HF_NAME_TABLE`) maps every parameter path of `DecoderLM` to its HF tensor name and
 the layout change between them; import and export both read it. Our weights are [in, ...out]
 and head-structured ([embed, heads, head_dim]); HF stores torch Linear weights [out, in].
+
+Files are read and written by the `safetensors` library (numpy API). Reading opens each file with
+``safe_open`` and takes one tensor at a time (shapes come from the header, without reading data).
+bfloat16 arrays are numpy arrays of ``ml_dtypes.bfloat16`` (what ``np.asarray`` gives for a jax
+bf16 array): the library writes them as ``BF16`` and reads ``BF16`` back as ``ml_dtypes.bfloat16``,
+bit for bit (tested in tests/models/test_checkpoint.py). safetensors 0.4.0 cannot read BF16 into
+numpy; from 0.4.1 it can, once ml_dtypes is imported (jax imports it).
 """
 
 from __future__ import annotations
@@ -11,6 +18,7 @@ import json
 import logging
 import os
 import re
+from contextlib import ExitStack
 from typing import Any, NamedTuple
 
 import jax
@@ -18,8 +26,9 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 from jax.sharding import Mesh
+from safetensors import safe_open
+from safetensors.numpy import save_file
 
-from flexmarl_jax.models import safetensors_io
 from flexmarl_jax.models.config import ModelConfig
 from flexmarl_jax.models.decoder import DecoderLM
 from flexmarl_jax.models.functional import abstract_model, param_shardings
@@ -51,6 +60,8 @@ _BY_PATH = {ours: (hf, layout) for ours, hf, layout in HF_NAME_TABLE}
 _IGNORED_HF = re.compile(r".*rotary_emb\.inv_freq$")
 _INDEX_FILE = "model.safetensors.index.json"
 _SINGLE_FILE = "model.safetensors"
+# Header metadata of the files transformers writes (older transformers check the format).
+_METADATA = {"format": "pt"}
 
 
 class Pretrained(NamedTuple):
@@ -106,29 +117,33 @@ def read_hf_config(path: str | os.PathLike) -> ModelConfig:
         return ModelConfig.from_hf_config(json.load(f))
 
 
-def _open_checkpoint(path: str) -> dict[str, safetensors_io.SafetensorsFile]:
-    """HF tensor name -> the file holding it (index.json if present, else every *.safetensors)."""
+def _open_checkpoint(path: str, stack: ExitStack) -> dict[str, Any]:
+    """HF tensor name -> the open ``safe_open`` handle of the file holding it (closed by `stack`).
+
+    The files come from index.json if present, else every *.safetensors; opening reads headers only.
+    """
     index_path = os.path.join(path, _INDEX_FILE)
     if os.path.exists(index_path):
         with open(index_path) as f:
             weight_map = json.load(f)["weight_map"]
-        files = {
-            name: safetensors_io.SafetensorsFile(os.path.join(path, name))
-            for name in set(weight_map.values())
-        }
-        located = {tensor: files[file] for tensor, file in weight_map.items()}
     else:
         names = sorted(n for n in os.listdir(path) if n.endswith(".safetensors"))
         if not names:
             raise FileNotFoundError(f"no *.safetensors files in {path!r}")
-        located = {}
-        for name in names:
-            file = safetensors_io.SafetensorsFile(os.path.join(path, name))
-            located.update({tensor: file for tensor in file.names})
-    for tensor, file in located.items():
-        if tensor not in file.names:
-            raise ValueError(f"tensor {tensor!r} is listed in {_INDEX_FILE} but missing from {file.path}")
-    return located
+        weight_map = None
+    files = {
+        name: stack.enter_context(safe_open(os.path.join(path, name), framework="numpy"))
+        for name in (sorted(set(weight_map.values())) if weight_map is not None else names)
+    }
+    if weight_map is None:
+        return {tensor: file for file in files.values() for tensor in file.keys()}
+    keys = {name: set(file.keys()) for name, file in files.items()}
+    for tensor, name in weight_map.items():
+        if tensor not in keys[name]:
+            raise ValueError(
+                f"tensor {tensor!r} is listed in {_INDEX_FILE} but missing from {os.path.join(path, name)}"
+            )
+    return {tensor: files[name] for tensor, name in weight_map.items()}
 
 
 def from_pretrained(path: str | os.PathLike, *, mesh: Mesh | None = None, dtype=jnp.float32) -> Pretrained:
@@ -142,36 +157,38 @@ def from_pretrained(path: str | os.PathLike, *, mesh: Mesh | None = None, dtype=
     config = read_hf_config(path)
     graphdef, abstract = abstract_model(config, dtype=dtype)
     shardings = param_shardings(abstract, mesh) if mesh is not None else None
-    located = _open_checkpoint(path)
-    flat_shardings = dict(nnx.to_flat_state(shardings)) if shardings is not None else {}
+    with ExitStack() as stack:
+        located = _open_checkpoint(path, stack)
+        flat_shardings = dict(nnx.to_flat_state(shardings)) if shardings is not None else {}
 
-    used: set[str] = set()
-    loaded = []
-    for our_path, variable in nnx.to_flat_state(abstract):
-        name, layout = hf_name(our_path)
-        if name not in located:
-            raise ValueError(f"checkpoint {path!r} lacks tensor {name!r} (needed for {config.architecture})")
-        expected = _hf_shape(variable.shape, layout)
-        got = located[name].shape(name)
-        if got != expected:
-            raise ValueError(f"tensor {name!r} in {path!r} has shape {list(got)}, expected {list(expected)}")
-        host = _from_hf(located[name].get(name), layout, variable.shape).astype(variable.dtype)
-        sharding = flat_shardings[our_path].get_value() if shardings is not None else None
-        loaded.append((our_path, variable.replace(jax.device_put(host, sharding))))
-        used.add(name)
+        used: set[str] = set()
+        loaded = []
+        for our_path, variable in nnx.to_flat_state(abstract):
+            name, layout = hf_name(our_path)
+            if name not in located:
+                raise ValueError(f"checkpoint {path!r} lacks tensor {name!r} (needed for {config.architecture})")
+            expected = _hf_shape(variable.shape, layout)
+            got = tuple(located[name].get_slice(name).get_shape())
+            if got != expected:
+                raise ValueError(f"tensor {name!r} in {path!r} has shape {list(got)}, expected {list(expected)}")
+            # one tensor in host memory at a time; astype copies, so nothing refers to the file later
+            host = _from_hf(located[name].get_tensor(name), layout, variable.shape).astype(variable.dtype)
+            sharding = flat_shardings[our_path].get_value() if shardings is not None else None
+            loaded.append((our_path, variable.replace(jax.device_put(host, sharding))))
+            used.add(name)
 
-    unexpected = sorted(
-        n
-        for n in located
-        if n not in used
-        and not _IGNORED_HF.match(n)
-        and not (config.tie_word_embeddings and n == "lm_head.weight")
-    )
-    if unexpected:
-        raise ValueError(
-            f"checkpoint {path!r} has tensors this {config.architecture} model does not use: "
-            f"{unexpected[:5]}{' ...' if len(unexpected) > 5 else ''}"
+        unexpected = sorted(
+            n
+            for n in located
+            if n not in used
+            and not _IGNORED_HF.match(n)
+            and not (config.tie_word_embeddings and n == "lm_head.weight")
         )
+        if unexpected:
+            raise ValueError(
+                f"checkpoint {path!r} has tensors this {config.architecture} model does not use: "
+                f"{unexpected[:5]}{' ...' if len(unexpected) > 5 else ''}"
+            )
     return Pretrained(config, graphdef, nnx.from_flat_state(loaded))
 
 
@@ -197,6 +214,7 @@ def save_pretrained(model, path: str | os.PathLike, *, max_shard_bytes: int = 2 
     tensors: dict[str, np.ndarray] = {}
     for our_path, variable in nnx.to_flat_state(nnx.state(model, nnx.Param)):
         name, layout = hf_name(our_path)
+        # contiguous is required: safetensors.numpy.save_file (0.8) writes a strided array's raw buffer
         tensors[name] = np.ascontiguousarray(_to_hf(np.asarray(jax.device_get(variable.get_value())), layout))
 
     shards: list[dict[str, np.ndarray]] = [{}]
@@ -217,12 +235,12 @@ def save_pretrained(model, path: str | os.PathLike, *, max_shard_bytes: int = 2 
         json.dump(hf_config, f, indent=2)
 
     if len(shards) == 1:
-        safetensors_io.save_file(shards[0], os.path.join(path, _SINGLE_FILE))
+        save_file(shards[0], os.path.join(path, _SINGLE_FILE), metadata=_METADATA)
         return ["config.json", _SINGLE_FILE]
     files = [f"model-{k + 1:05d}-of-{len(shards):05d}.safetensors" for k in range(len(shards))]
     weight_map = {}
     for file, shard in zip(files, shards, strict=True):
-        safetensors_io.save_file(shard, os.path.join(path, file))
+        save_file(shard, os.path.join(path, file), metadata=_METADATA)
         weight_map.update({name: file for name in shard})
     index = {"metadata": {"total_size": sum(a.nbytes for a in tensors.values())}, "weight_map": weight_map}
     with open(os.path.join(path, _INDEX_FILE), "w") as f:
