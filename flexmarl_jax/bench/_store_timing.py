@@ -24,7 +24,7 @@ class TimedStore:
         self._changed = threading.Condition()
         # agent -> writes so far that can make its rows claimable; a failed claim waits for its agent's to move
         self._writes: dict[str, int] = {}
-        # (agent, MicroBatch.table_changes) -> this proxy's write count before that claim: a later claim
+        # (agent, ClaimedRows.table_changes) -> this proxy's write count before that claim: a later claim
         # `since` it waits for a newer write before asking the store again.
         self._writes_at_claim: dict[tuple[str, int], int] = {}
         self.intervals: list[tuple[float, float]] = []

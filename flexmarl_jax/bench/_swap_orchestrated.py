@@ -22,7 +22,7 @@ def _build(num_slices: int, args):
     from flexmarl_jax.models import presets
     from flexmarl_jax.models.tokenizer import CharTokenizer
     from flexmarl_jax.orchestrator.pipeline import JointOrchestrator, PipelineSettings
-    from flexmarl_jax.orchestrator.shared_training import SharedTraining
+    from flexmarl_jax.orchestrator.shared_training import DedicatedTraining, SharedTraining
     from flexmarl_jax.store import ExperienceStore
     from flexmarl_jax.train.algorithms import loss_config_for
     from flexmarl_jax.train.optim import OptimizerConfig
@@ -38,10 +38,8 @@ def _build(num_slices: int, args):
     trainers = {agent: AgentTrainer(agent, presets.get_preset("tiny"), config, mesh=meshes[index], seed=index)
                 for index, agent in enumerate(CHAIN)}
     timeline = Timeline()
-    shared = None
-    if num_slices:
-        shared = SharedTraining(trainers, meshes[:num_slices], clock=timeline.now)
-        trainers = shared.trainers
+    training = (SharedTraining(trainers, meshes[:num_slices], clock=timeline.now) if num_slices
+                else DedicatedTraining(trainers, clock=timeline.now))
     task = ArithmeticTask(max_digits=1, operators="+")
     problems = [p for seed in range(500) for p in task.generate(args.orchestrator_queries, seed=seed)]
     policies = chain_policies(problems, task.verify, solver_accuracy=0.5, verifier_accuracy=0.8,
@@ -54,12 +52,11 @@ def _build(num_slices: int, args):
                                 samples_per_query=4, micro_batch_size=args.orchestrator_micro_batch,
                                 max_response_length=6, seed=args.seed)
     orchestrator = JointOrchestrator(
-        settings, trainers=trainers, store=ExperienceStore.open(None, agents=CHAIN, backend="memory"),
+        settings, training=training, store=ExperienceStore.open(None, agents=CHAIN, backend="memory"),
         workflow=build_workflow("chain", agents=CHAIN), task=task, backend=backend,
         sync_weights=lambda agent, params, version: backend.set_policy_version(agent, version),
         sampling={agent: SamplingParams(max_new_tokens=6) for agent in CHAIN}, pad_id=CharTokenizer.PAD,
-        aggregation=loss.aggregation, estimator=loss.advantage_estimator, timeline=timeline,
-        shared_training=shared)
+        aggregation=loss.aggregation, estimator=loss.advantage_estimator, timeline=timeline)
     return orchestrator, backend
 
 

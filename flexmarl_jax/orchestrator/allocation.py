@@ -82,7 +82,9 @@ class SliceLease:
 
 
 @dataclasses.dataclass(frozen=True)
-class BusyInterval:
+class SliceLeaseInterval:
+    """A span during which `agent` held training slice `slice_index`."""
+
     slice_index: int
     agent: str
     start: float
@@ -120,7 +122,7 @@ class TrainingSlicePool:
         self._leases: dict[str, SliceLease] = {}
         self._last_slice: dict[str, int] = {}
         self._waiting: deque[tuple[object, str]] = deque()
-        self._intervals: list[BusyInterval] = []
+        self._intervals: list[SliceLeaseInterval] = []
         self._created_at = clock()
 
     @classmethod
@@ -176,7 +178,7 @@ class TrainingSlicePool:
                 return None
             return self._grant(agent)
 
-    def release(self, agent: str) -> BusyInterval:
+    def release(self, agent: str) -> SliceLeaseInterval:
         """Ends ``agent``'s lease; returns the busy interval it accounted."""
         with self._cond:
             lease = self._leases.pop(agent, None)
@@ -187,7 +189,7 @@ class TrainingSlicePool:
             now = self._clock()
             self._holder[index] = None
             self._released_at[index] = now
-            interval = BusyInterval(index, agent, lease.granted_at, now)
+            interval = SliceLeaseInterval(index, agent, lease.granted_at, now)
             self._intervals.append(interval)
             if self._timeline is not None:
                 self._timeline.add_interval(lease.slice.name, kind="train", agent=agent,
@@ -219,13 +221,13 @@ class TrainingSlicePool:
 
     # ------------------------------------------------------------------------------- accounting
 
-    def intervals(self, *, include_open: bool = True) -> list[BusyInterval]:
+    def intervals(self, *, include_open: bool = True) -> list[SliceLeaseInterval]:
         """Busy intervals of every slice (open leases end now when ``include_open``)."""
         with self._cond:
             intervals = list(self._intervals)
             if include_open:
                 now = self._clock()
-                intervals += [BusyInterval(lease.slice.index, lease.agent, lease.granted_at, now)
+                intervals += [SliceLeaseInterval(lease.slice.index, lease.agent, lease.granted_at, now)
                               for lease in self._leases.values()]
             return intervals
 

@@ -12,14 +12,12 @@ from __future__ import annotations
 import dataclasses
 import threading
 from collections.abc import Callable, Mapping
-from typing import Any
 
 import jax
 import numpy as np
 
 from flexmarl_jax.metrics import Timeline
-from flexmarl_jax.store import ExperienceStore
-from flexmarl_jax.store import MicroBatch as ClaimedRows
+from flexmarl_jax.store import ClaimedRows, ExperienceStore
 from flexmarl_jax.train.batch import build_micro_batch
 from flexmarl_jax.train.normalizers import IterationNormalizers
 from flexmarl_jax.train.trainer import AgentTrainer
@@ -50,12 +48,10 @@ class AgentDispatcher:
     def __init__(self, agent: str, trainer: AgentTrainer, store: ExperienceStore, *, micro_batch_size: int,
                  normalizers: IterationNormalizers, aggregation: str, pad_id: int,
                  max_staleness: int, variable_groups: bool, timeline: Timeline, resource: str,
-                 on_trained: Callable[[list[str], str, Mapping[str, int]], None] | None = None,
-                 slot: Any | None = None):
+                 on_trained: Callable[[list[str], str, Mapping[str, int]], None] | None = None):
+        # The trainer's activate() holds training devices and release() frees them whenever the agent has
+        # nothing claimable: no-ops for a dedicated trainer; a shared slice for agent-centric allocation.
         self.agent, self.trainer, self.store = agent, trainer, store
-        # Agent-centric allocation (shared_training.PooledTrainer): activate() leases a training slice and
-        # brings the agent's state there; release() frees it whenever the agent has nothing claimable.
-        self.slot = slot
         self.micro_batch_size = micro_batch_size
         self.normalizers, self.aggregation = normalizers, aggregation
         self.pad_id, self.max_staleness = pad_id, max_staleness
@@ -81,8 +77,7 @@ class AgentDispatcher:
         if self.on_trained is not None:
             self.on_trained(list(rows.sample_ids), self.agent, current_versions)
         batch, rewards = self._to_micro_batch(rows)
-        if self.slot is not None:
-            self.slot.activate()  # may wait for a free slice: not training time
+        self.trainer.activate()  # may wait for a free slice: not training time
         with self.timeline.busy(self.resource, "train", agent=self.agent):
             self.trainer.accumulate(batch)
             jax.block_until_ready(self.trainer.accumulated_gradients())  # the interval is compute, not dispatch
@@ -100,8 +95,7 @@ class AgentDispatcher:
         try:
             self._drain(current_versions, rollout_done, stats, iteration_start=iteration_start, poll_s=poll_s)
         finally:
-            if self.slot is not None:
-                self.slot.release()
+            self.trainer.release()
 
     def _drain(self, current_versions, rollout_done, stats, *, iteration_start: float, poll_s: float) -> None:
         since = None  # set when the last claim left less than a micro-batch: wait for new rows first
@@ -118,8 +112,7 @@ class AgentDispatcher:
                 timeout=0 if finished else poll_s, until=None if finished else rollout_done,
                 since=None if finished else since)
             if rows is None:
-                if self.slot is not None:
-                    self.slot.release()  # nothing claimable now: another agent may use the slice
+                self.trainer.release()  # nothing claimable now: another agent may use the slice
                 if finished:
                     return
                 continue

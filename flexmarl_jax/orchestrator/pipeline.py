@@ -28,7 +28,7 @@ import numpy as np
 from flexmarl_jax.metrics import GENERATED_TOKENS, REQUESTS, Timeline
 from flexmarl_jax.orchestrator.dispatch import AgentDispatcher, DispatchStats
 from flexmarl_jax.orchestrator.invariants import ConsistencyChecker
-from flexmarl_jax.orchestrator.shared_training import SharedTraining
+from flexmarl_jax.orchestrator.shared_training import TrainingPool
 from flexmarl_jax.orchestrator.sink import StoreSink
 from flexmarl_jax.orchestrator.threads import run_threads, threads_running
 from flexmarl_jax.store import ExperienceStore
@@ -114,7 +114,9 @@ class JointOrchestrator:
     """Runs iterations over per-agent trainers, one store, one workflow and one generation backend.
 
     Args:
-      trainers: agent -> AgentTrainer (each on its own training mesh).
+      training: where the agents' trainers run (`shared_training.DedicatedTraining`, one mesh per agent, or
+        `shared_training.SharedTraining`, agent-centric allocation on shared slices); its ``trainers`` are
+        the agent -> trainer map the orchestrator uses.
       sync_weights: (agent, params, version) -> None; puts new weights on that agent's rollout instances.
       pad_id: the tokenizer's pad id (micro-batch padding).
       sampling: agent -> SamplingParams for rollout (seeds are derived per iteration).
@@ -123,19 +125,16 @@ class JointOrchestrator:
         agent applied its update and before the iteration's rows are marked consumed (run.py checkpoints
         there, so a crash never loses a sample, and keeps the record and the trained ids with the checkpoint,
         so a crash never loses an iteration's metrics and a resume can mark its rows consumed).
-      shared_training: agent-centric allocation (`shared_training.SharedTraining`); ``trainers`` are then its
-        PooledTrainers, which hold one of its slices only while their agent has a micro-batch.
     """
 
-    def __init__(self, settings: PipelineSettings, *, trainers: Mapping[str, AgentTrainer], store: ExperienceStore,
+    def __init__(self, settings: PipelineSettings, *, training: TrainingPool, store: ExperienceStore,
                  workflow: Workflow, task: Task, backend: GenerationBackend,
                  sync_weights: Callable[[str, Any, int], None], sampling: Mapping[str, SamplingParams],
                  pad_id: int, aggregation: str, estimator: str, timeline: Timeline | None = None,
-                 on_update_applied: Callable[[int, dict, dict[str, list[str]]], None] | None = None,
-                 shared_training: SharedTraining | None = None):
+                 on_update_applied: Callable[[int, dict, dict[str, list[str]]], None] | None = None):
         self.settings = settings
-        self.shared_training = shared_training
-        self.trainers = dict(trainers)
+        self.training = training
+        self.trainers: dict[str, AgentTrainer] = dict(training.trainers)
         self.store, self.workflow, self.task, self.backend = store, workflow, task, backend
         self.sync_weights = sync_weights
         self.on_update_applied = on_update_applied
@@ -219,7 +218,7 @@ class JointOrchestrator:
                 normalizers=self.normalizers[agent], aggregation=self.aggregation,
                 pad_id=self.pad_id, max_staleness=self.settings.max_staleness,
                 variable_groups=agent in self._conditional, timeline=self.timeline, resource=f"train/{agent}",
-                on_trained=on_trained, slot=trainer if self.shared_training is not None else None)
+                on_trained=on_trained)
             for agent, trainer in self.trainers.items()
         }
 
@@ -249,7 +248,7 @@ class JointOrchestrator:
         sync the new weights to the rollout instances.
         """
         t0 = self.timeline.now()
-        pool_t0 = self.shared_training.clock() if self.shared_training is not None else None
+        pool_t0 = self.training.clock()
         rollout = self._begin_rollout(iteration)
         dispatchers = self._dispatchers()
         stats = {agent: DispatchStats() for agent in dispatchers}
@@ -307,7 +306,7 @@ class JointOrchestrator:
         metrics = {}
 
         def apply(agent: str, trainer: AgentTrainer) -> None:
-            if self.shared_training is not None and trainer.pending_micro_batches:
+            if trainer.pending_micro_batches:
                 trainer.activate()  # waiting for a shared slice is not training time
             with self.timeline.busy(f"train/{agent}", "train", agent=agent):
                 metrics[agent] = trainer.apply(allow_empty=True)
@@ -323,24 +322,19 @@ class JointOrchestrator:
     _last_iteration = 1 << 30
 
     # ------------------------------------------------------------------------------------------ metrics
-    def _train_pool_record(self, t0: float, t1: float, pool_t0: float | None) -> dict:
+    def _train_pool_record(self, t0: float, t1: float, pool_t0: float) -> dict:
         """Training-pool utilization over [t0, t1]: gradient/update seconds of every agent / (slices x wall).
 
-        Slices: the shared pool's S, or one dedicated mesh per agent (static binding). ``held`` is the
-        fraction of slice time leased to some agent (includes swaps and waits for micro-batches).
+        Slices: the shared pool's S, or one dedicated mesh per agent (static binding); a shared pool adds
+        ``held``, the fraction of slice time leased to some agent, and its move counts.
         """
         resources = {f"train/{agent}" for agent in self.trainers}
         compute = sum(max(0.0, min(i.end, t1) - max(i.start, t0))
                       for i in self.timeline.intervals(include_open=True, overlapping=(t0, t1))
                       if i.kind == "train" and i.resource in resources)
-        shared = self.shared_training
-        slices = shared.num_slices if shared is not None else len(self.trainers)
-        record = {"slices": slices, "agents": len(self.trainers), "busy_s": compute,
-                  "utilization": compute / (slices * max(t1 - t0, 1e-9))}
-        if shared is not None:
-            record["held"] = shared.pool.utilization(pool_t0, shared.clock())
-            record.update(shared.stats())
-        return record
+        slices = self.training.num_slices
+        return {"slices": slices, "agents": len(self.trainers), "busy_s": compute,
+                "utilization": compute / (slices * max(t1 - t0, 1e-9)), **self.training.usage(pool_t0)}
 
     def _record(self, iteration, t0, rollout: _Rollout, result: RunResult, stats, train_metrics, consumed) -> dict:
         t1 = self.timeline.now()

@@ -27,7 +27,7 @@ from flexmarl_jax.models.tokenizer import CharTokenizer
 from flexmarl_jax.orchestrator.journal import RunJournal
 from flexmarl_jax.orchestrator.pipeline import JointOrchestrator, PipelineSettings
 from flexmarl_jax.orchestrator.rollout_setup import build_rollout
-from flexmarl_jax.orchestrator.shared_training import SharedTraining
+from flexmarl_jax.orchestrator.shared_training import DedicatedTraining, SharedTraining
 from flexmarl_jax.orchestrator.warmup import run_warmup, warmup_examples
 from flexmarl_jax.orchestrator.weight_sync import StoreWeightSync
 from flexmarl_jax.store import ExperienceStore
@@ -117,12 +117,13 @@ def build_orchestrator(config: ml_collections.ConfigDict, *, timeline: metrics.T
     store = ExperienceStore.open(config.workdir, agents=agents, backend=config.store.backend)
     rollout = build_rollout(config, layout, trainers, tokenizer, timeline)
     state_store = StateStore()
-    shared = None
     if slice_meshes is not None:
         # Agent-centric allocation: agents hold a slice only while they have a micro-batch. The rollout
         # instances above copied the initial weights; the orchestrator syncs every agent before rollout.
-        shared = SharedTraining(trainers, slice_meshes, store=state_store, clock=timeline.now)
-        trainers = shared.trainers
+        training = SharedTraining(trainers, slice_meshes, store=state_store, clock=timeline.now)
+    else:
+        training = DedicatedTraining(trainers, clock=timeline.now)
+    trainers = training.trainers
     rollout_targets = {agent: param_shardings(trainers[agent].params, layout[agent].rollout_mesh(0))
                        for agent in agents}
     sync_weights = StoreWeightSync(state_store, rollout.sync_weights, target_for=rollout_targets.__getitem__)
@@ -134,12 +135,11 @@ def build_orchestrator(config: ml_collections.ConfigDict, *, timeline: metrics.T
         seed=config.seed, debug_invariants=config.pipeline.debug_invariants)
     loss = loss_config_for(config.train.algorithm)
     orchestrator = JointOrchestrator(
-        settings, trainers=trainers, store=store, workflow=workflow, task=task, backend=rollout.backend,
+        settings, training=training, store=store, workflow=workflow, task=task, backend=rollout.backend,
         sync_weights=sync_weights, sampling=sampling_for(config), pad_id=tokenizer.pad_id,
         aggregation=loss.aggregation, estimator=loss.advantage_estimator, timeline=timeline,
         on_update_applied=lambda iteration, record, trained: _checkpoint(
-            trainers, config.workdir, RunJournal(config.workdir), record, trained),
-        shared_training=shared)
+            trainers, config.workdir, RunJournal(config.workdir), record, trained))
     return orchestrator, trainers, store, rollout, start
 
 

@@ -1,4 +1,5 @@
-"""Agents' trainers on S shared training slices: a trainer holds a slice only while its agent has work.
+"""Where agents train: `DedicatedTraining` (a mesh per agent) or `SharedTraining`, S shared training slices on
+which a trainer holds a slice only while its agent has work. Both are `TrainingPool`s.
 
 `SharedTraining` wraps every agent's `AgentTrainer` in a `PooledTrainer` that the joint orchestrator uses
 in place of the trainer (same calls: accumulate, apply, params, policy_version, checkpoint_state). The
@@ -23,7 +24,7 @@ import logging
 import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
-from typing import Any
+from typing import Any, Protocol
 
 import jax
 import numpy as np
@@ -136,6 +137,38 @@ class PooledTrainer:
             return {key: state[key] for key in ("trainable", "opt_state", "reference") if key in state}
 
 
+class DedicatedTraining:
+    """Every agent trains on a mesh of its own for the whole run (static binding): one slice per agent.
+
+    The other `TrainingPool`, beside `SharedTraining`; the orchestrator treats both alike."""
+
+    def __init__(self, trainers: Mapping[str, AgentTrainer], *, clock: Callable[[], float] = time.perf_counter):
+        self.trainers = dict(trainers)
+        self.clock = clock
+
+    @property
+    def num_slices(self) -> int:
+        return len(self.trainers)
+
+    def usage(self, since: float) -> dict[str, Any]:
+        """Nothing beyond the busy accounting the orchestrator does itself: every slice is always held."""
+        return {}
+
+
+class TrainingPool(Protocol):
+    """Where the agents' trainers run: `trainers` (agent -> a trainer with `activate`/`release` around its
+    micro-batches), `num_slices` training slices, a `clock` and per-iteration `usage` figures."""
+
+    trainers: Mapping[str, Any]
+
+    @property
+    def num_slices(self) -> int: ...
+
+    def clock(self) -> float: ...
+
+    def usage(self, since: float) -> dict[str, Any]: ...
+
+
 class SharedTraining:
     """S training slices shared by any number of agents' trainers (agent-centric allocation).
 
@@ -166,6 +199,11 @@ class SharedTraining:
     @property
     def num_slices(self) -> int:
         return self.pool.num_slices
+
+    def usage(self, since: float) -> dict[str, Any]:
+        """For the iteration record: the fraction of slice time leased to some agent since `since` (a
+        `clock()` reading; includes swaps and waits for micro-batches) and the cumulative move stats."""
+        return {"held": self.pool.utilization(since, self.clock()), **self.stats()}
 
     def stats(self) -> dict[str, Any]:
         """The residency's move counts and seconds (cumulative over the run)."""

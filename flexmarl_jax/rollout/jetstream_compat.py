@@ -13,18 +13,50 @@ Two fixes are applied, both before/around JetStream's own imports:
   stdout handler at import time. Libraries must not reconfigure the root
   logger, so we put back the level and the handler list that were there
   before the import.
+
+TensorFlow (pulled in by seqio) also writes C++ INFO lines to stderr at import
+("Could not find cuda drivers", absl's pre-initialisation notice) whatever
+TF_CPP_MIN_LOG_LEVEL says. The import runs with the process's stderr file
+descriptor diverted, so a run prints our output only; the lines come back with
+absl's `--verbosity=0` or higher, and are printed if the import fails.
 """
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
+import sys
+import tempfile
+from collections.abc import Iterator
 
 import jax
+from absl import logging as absl_logging
 
-# TensorFlow (pulled in by seqio) prints C++ banner lines at import; keep them
-# quiet unless the user asked for a level explicitly.
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+
+
+@contextlib.contextmanager
+def _native_stderr_diverted() -> Iterator[None]:
+    """Sends what native code writes to file descriptor 2 to a temporary file while the block runs; replays
+    it if the block raises. A no-op when absl's verbosity asks for INFO lines."""
+    if absl_logging.get_verbosity() >= absl_logging.INFO:
+        yield
+        return
+    sys.stderr.flush()
+    saved = os.dup(2)
+    with tempfile.TemporaryFile() as diverted:
+        os.dup2(diverted.fileno(), 2)
+        try:
+            yield
+        except BaseException:
+            os.dup2(saved, 2)
+            diverted.seek(0)
+            os.write(2, diverted.read())
+            raise
+        finally:
+            os.dup2(saved, 2)
+            os.close(saved)
 
 if not hasattr(jax, "tree_map"):
     jax.tree_map = jax.tree_util.tree_map
@@ -33,9 +65,10 @@ _root_logger = logging.getLogger()
 _root_level_before = _root_logger.level
 _root_handlers_before = list(_root_logger.handlers)
 try:
-    from jetstream.core import orchestrator  # noqa: E402  (must follow the tree_map fix)
-    from jetstream.core.proto import jetstream_pb2  # noqa: E402
-    from jetstream.engine import engine_api, token_utils, tokenizer_api, tokenizer_pb2  # noqa: E402
+    with _native_stderr_diverted():
+        from jetstream.core import orchestrator  # noqa: E402  (must follow the tree_map fix)
+        from jetstream.core.proto import jetstream_pb2  # noqa: E402
+        from jetstream.engine import engine_api, token_utils, tokenizer_api, tokenizer_pb2  # noqa: E402
 finally:
     _root_logger.setLevel(_root_level_before)
     for _handler in list(_root_logger.handlers):

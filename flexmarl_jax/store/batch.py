@@ -1,4 +1,5 @@
-"""The micro-batch a trainer claims: whole GRPO groups of one agent, with their values."""
+"""What a trainer claims from the store: whole GRPO groups of one agent, with their values (the trainer turns
+them into a `train.batch.MicroBatch` of padded arrays)."""
 
 from __future__ import annotations
 
@@ -8,7 +9,7 @@ import numpy as np
 
 
 @dataclasses.dataclass(frozen=True)
-class MicroBatch:
+class ClaimedRows:
     """Rows claimed together by ``ExperienceStore.claim_micro_batch``.
 
     Rows of one group are contiguous; ``group_index`` numbers the groups 0..num_groups-1 in batch order.

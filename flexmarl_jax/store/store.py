@@ -24,7 +24,7 @@ import tensorstore as ts
 
 from flexmarl_jax.store import layout
 from flexmarl_jax.store.append_input import check_append
-from flexmarl_jax.store.batch import MicroBatch
+from flexmarl_jax.store.batch import ClaimedRows
 from flexmarl_jax.store.commit import Committer
 from flexmarl_jax.store.schema import RowState, TableSchema
 from flexmarl_jax.store.table import AgentTable
@@ -220,7 +220,7 @@ class ExperienceStore:
         timeout: float | None = 0.0,
         until: threading.Event | None = None,
         since: int | None = None,
-    ) -> MicroBatch | None:
+    ) -> ClaimedRows | None:
         """Atomically claims ``size`` rows of ``agent`` made of whole GRPO groups, oldest groups first.
 
         A group is claimable when all of its ``group_size`` rows exist and are READY and every version a row
@@ -232,7 +232,7 @@ class ExperienceStore:
         ``timeout``: seconds to wait for enough rows (0: do not wait; None: wait forever).
         ``until``: a blocking claim also returns None once this event is set and ``wake_claims`` was called
         (a consumer's "no more rows are coming" signal, so it need not poll).
-        ``since``: an earlier claim's ``MicroBatch.table_changes``: select only once rows were appended, set
+        ``since``: an earlier claim's ``ClaimedRows.table_changes``: select only once rows were appended, set
         or released after that claim (its ``claimable_after`` said too few were left).
         ``columns``: data columns to read (default all).
         """
@@ -260,14 +260,14 @@ class ExperienceStore:
         for table in self._tables.values():
             table.wake()
 
-    def mark_consumed(self, batch: MicroBatch | Sequence[MicroBatch]) -> int:
+    def mark_consumed(self, batch: ClaimedRows | Sequence[ClaimedRows]) -> int:
         """Marks claimed batches trained on (durable when this returns, file backend); returns their row count.
         Several batches of one agent are marked in one operation."""
-        batches = [batch] if isinstance(batch, MicroBatch) else list(batch)
+        batches = [batch] if isinstance(batch, ClaimedRows) else list(batch)
         by_agent: dict[str, list[int]] = {}
         for one in batches:
-            if not isinstance(one, MicroBatch):
-                raise TypeError(f"mark_consumed takes MicroBatch objects, got {type(one).__name__}")
+            if not isinstance(one, ClaimedRows):
+                raise TypeError(f"mark_consumed takes ClaimedRows objects, got {type(one).__name__}")
             by_agent.setdefault(one.agent, []).append(one.claim_id)
         return sum(self._table(agent).consume(claim_ids) for agent, claim_ids in by_agent.items())
 
@@ -278,7 +278,7 @@ class ExperienceStore:
         ids, a partial group, or rows that are claimed, dropped or not READY."""
         return self._table(agent).consume_rows(list(sample_ids))
 
-    def release(self, batch: MicroBatch) -> int:
+    def release(self, batch: ClaimedRows) -> int:
         """Gives a claimed batch back (e.g. its trainer failed): its groups become claimable again."""
         return self._table(batch.agent).release(batch.claim_id)
 

@@ -17,7 +17,7 @@ import tensorstore as ts
 
 from flexmarl_jax.store import layout
 from flexmarl_jax.store.append_input import AppendInput, coerce_data
-from flexmarl_jax.store.batch import MicroBatch
+from flexmarl_jax.store.batch import ClaimedRows
 from flexmarl_jax.store.blobs import Blobs
 from flexmarl_jax.store.commit import Committer, WriteBatch
 from flexmarl_jax.store.index import RowIndex
@@ -238,7 +238,7 @@ class AgentTable:
         timeout: float | None,
         until: threading.Event | None = None,
         since: int | None = None,
-    ) -> MicroBatch | None:
+    ) -> ClaimedRows | None:
         names = self._data_names(columns)
         deadline = None if timeout is None else time.monotonic() + timeout
         with self._cond:
@@ -267,7 +267,7 @@ class AgentTable:
         # Blobs are immutable once written, so reading them needs no lock.
         values: dict[str, object] = dict(scalars)
         values.update(self._blobs.read(refs))
-        return MicroBatch(
+        return ClaimedRows(
             agent=self.agent,
             claim_id=claim_id,
             rows=rows,

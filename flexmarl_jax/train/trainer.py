@@ -263,6 +263,14 @@ class AgentTrainer:
         # the static metadata to share compiled steps between agents with equal configs.
         return jax.device_put(batch.replace(agent=""), self._steps.batch)
 
+    def activate(self) -> None:
+        """Holds training devices before a micro-batch. A dedicated trainer keeps its mesh for the whole run,
+        so there is nothing to do (`orchestrator.shared_training.PooledTrainer` leases a shared slice)."""
+
+    def release(self) -> None:
+        """Lets other agents use the training devices while this one has nothing to train: a no-op for a
+        dedicated trainer (see `activate`)."""
+
     def accumulate(self, batch: MicroBatch) -> None:
         """Adds this micro-batch's gradient to the accumulator; parameters do not change.
 

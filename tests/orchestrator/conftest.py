@@ -8,6 +8,7 @@ from flexmarl_jax.mesh.layout import layout_devices
 from flexmarl_jax.models import presets
 from flexmarl_jax.models.tokenizer import CharTokenizer
 from flexmarl_jax.orchestrator.pipeline import JointOrchestrator, PipelineSettings
+from flexmarl_jax.orchestrator.shared_training import DedicatedTraining
 from flexmarl_jax.store import ExperienceStore
 from flexmarl_jax.train.algorithms import loss_config_for
 from flexmarl_jax.train.optim import OptimizerConfig
@@ -61,7 +62,8 @@ def make_orchestrator(mode="flexmarl", *, max_staleness=0, latency=None, debug=T
                                 debug_invariants=debug)
     sampling = {agent: SamplingParams(max_new_tokens=MAX_RESPONSE) for agent in AGENTS}
     orchestrator = JointOrchestrator(
-        settings, trainers=trainers, store=store, workflow=build_workflow("chain", agents=AGENTS), task=task,
+        settings, training=DedicatedTraining(trainers), store=store,
+        workflow=build_workflow("chain", agents=AGENTS), task=task,
         backend=rollout.backend, sync_weights=rollout.sync_weights, sampling=sampling,
         pad_id=CharTokenizer.PAD, aggregation=loss.aggregation, estimator=loss.advantage_estimator)
     return orchestrator, rollout

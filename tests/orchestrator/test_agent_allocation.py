@@ -12,7 +12,7 @@ from flexmarl_jax.metrics import Timeline
 from flexmarl_jax.models import presets
 from flexmarl_jax.models.tokenizer import CharTokenizer
 from flexmarl_jax.orchestrator.pipeline import JointOrchestrator, PipelineSettings
-from flexmarl_jax.orchestrator.shared_training import SharedTraining
+from flexmarl_jax.orchestrator.shared_training import DedicatedTraining, SharedTraining
 from flexmarl_jax.orchestrator.weight_sync import StoreWeightSync
 from flexmarl_jax.store import ExperienceStore
 from flexmarl_jax.train.algorithms import loss_config_for
@@ -50,11 +50,9 @@ def build(num_slices: int, *, latency=None):
                            optimizer=OPTIMIZER)
     trainers = {agent: AgentTrainer(agent, presets.get_preset("tiny"), config, mesh=meshes[index], seed=index)
                 for index, agent in enumerate(AGENTS)}
-    shared = None
     timeline = Timeline()
-    if num_slices:
-        shared = SharedTraining(trainers, meshes[:num_slices], acquire_timeout=60, clock=timeline.now)
-        trainers = shared.trainers
+    training = (SharedTraining(trainers, meshes[:num_slices], acquire_timeout=60, clock=timeline.now)
+                if num_slices else DedicatedTraining(trainers, clock=timeline.now))
     task = ArithmeticTask(max_digits=1, operators="+")
     oracle = PromptOracle([p for s in range(200) for p in task.generate(QUERIES, seed=s)])
     tokenizer = CharTokenizer()
@@ -64,13 +62,13 @@ def build(num_slices: int, *, latency=None):
     settings = PipelineSettings(mode="flexmarl", queries_per_iteration=QUERIES, samples_per_query=SAMPLES,
                                 micro_batch_size=MICRO_BATCH, max_response_length=MAX_RESPONSE, seed=0)
     orchestrator = JointOrchestrator(
-        settings, trainers=trainers, store=ExperienceStore.open(None, agents=AGENTS, backend="memory"),
+        settings, training=training, store=ExperienceStore.open(None, agents=AGENTS, backend="memory"),
         workflow=build_workflow("mixture", proposers=PROPOSERS, aggregator="aggregator"), task=task,
         backend=backend, sync_weights=lambda agent, params, version: backend.set_policy_version(agent, version),
         sampling={agent: SamplingParams(max_new_tokens=MAX_RESPONSE) for agent in AGENTS},
         pad_id=CharTokenizer.PAD, aggregation=loss.aggregation, estimator=loss.advantage_estimator,
-        timeline=timeline, shared_training=shared)
-    return orchestrator, backend, shared
+        timeline=timeline)
+    return orchestrator, backend, training if num_slices else None
 
 
 def host_params(trainer) -> list[np.ndarray]:
