@@ -10,16 +10,15 @@ agent's weights, and only then takes the receiving agent's requests.
 Per agent, a min-heap of instance loads (outstanding tokens, then samples in flight) picks the target;
 entries are invalidated lazily (each instance carries a version that every load change bumps).
 
-A dispatched request past `timeout_s` is cancelled (through the instance's `cancel(request)` when it
-has one; otherwise its late result is ignored and it keeps its slots until it ends) and re-queued at the
+A dispatched request past `timeout_s` is cancelled (the instance's `cancel(request)`; where that returns
+False, its late result is ignored and it keeps its slots until it ends) and re-queued at the
 front of its agent's queue, at most `max_retries` times; after that its future fails with
 `RequestFailed` naming the request. A request therefore resolves exactly once: with its results, or
 with an error — never dropped, never delivered twice.
 
-Instances are duck-typed: `name`, `submit(RolloutRequest)`, `update_params(params, version)` and a
-capacity (`capacity`, or `engine.max_concurrent_decodes`); optional `cancel(RolloutRequest) -> bool`.
-Instance methods are never called while the router's lock is held (instances call back into the router
-from their own threads, sometimes under their own locks).
+Instances implement `protocols.RoutableInstance` (name, capacity, architecture, check_request, submit,
+update_params, cancel). Instance methods are never called while the router's lock is held (instances
+call back into the router from their own threads, sometimes under their own locks).
 """
 
 from __future__ import annotations
@@ -32,12 +31,12 @@ import itertools
 import logging
 import threading
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Hashable, Mapping, Sequence
 from typing import Any
 
 from flexmarl_jax.rollout.backend import EngineBackend
-from flexmarl_jax.rollout.engine import pad_prompt
 from flexmarl_jax.rollout.loop import RolloutRequest, SequenceResult
+from flexmarl_jax.rollout.protocols import RoutableInstance
 
 logger = logging.getLogger(__name__)
 
@@ -81,10 +80,10 @@ class _Member:
     """The router's view of one instance: whom it serves and what it holds (cancelled attempts included,
     since they occupy slots until the instance lets go of them)."""
 
-    instance: Any
+    instance: RoutableInstance
     agent: str
     capacity: int
-    architecture: Any
+    architecture: Hashable
     state: str = SERVING
     target_agent: str | None = None
     inflight: dict[int, _Attempt] = dataclasses.field(default_factory=dict)
@@ -105,22 +104,6 @@ class _Member:
         return self.samples == 0 or self.samples + samples <= self.capacity
 
 
-def capacity_of(instance: Any) -> int:
-    """Samples an instance decodes at once: its `capacity`, else its engine's decode slots."""
-    capacity = getattr(instance, "capacity", None)
-    if capacity is None:
-        capacity = instance.engine.max_concurrent_decodes
-    return int(capacity)
-
-
-def architecture_of(instance: Any) -> Any:
-    """What must match for one instance's weights to be served by another: the model and engine config."""
-    architecture = getattr(instance, "architecture", None)
-    if architecture is None and hasattr(instance, "engine"):
-        architecture = (repr(instance.engine.model_config), repr(instance.engine.config))
-    return architecture
-
-
 class RequestRouter:
     """Per-agent queues and least-loaded dispatch over `instances[agent]`.
 
@@ -136,10 +119,10 @@ class RequestRouter:
       clock: seconds, monotonic (tests pass a fake one).
     """
 
-    def __init__(self, instances: Mapping[str, Sequence[Any]], *, timeout_s: float | None = None,
+    def __init__(self, instances: Mapping[str, Sequence[RoutableInstance]], *, timeout_s: float | None = None,
                  max_retries: int = 2, weights_provider: Callable[[str], tuple[Any, int]] | None = None,
                  initial_weights: Mapping[str, tuple[Any, int]] | None = None,
-                 on_migrated: Callable[[Any, str, str], None] | None = None,
+                 on_migrated: Callable[[RoutableInstance, str, str], None] | None = None,
                  clock: Callable[[], float] = time.monotonic):
         if timeout_s is not None and not timeout_s > 0:
             raise ValueError(f"timeout_s={timeout_s!r} must be > 0 seconds (or None for no timeout)")
@@ -165,10 +148,10 @@ class RequestRouter:
             for instance in agent_instances:
                 if instance.name in self._members:
                     raise ValueError(f"instance name {instance.name!r} is used twice; names must be unique")
-                capacity = capacity_of(instance)
+                capacity = int(instance.capacity)
                 if capacity < 1:
                     raise ValueError(f"instance {instance.name!r} has capacity {capacity}; needs >= 1")
-                member = _Member(instance, agent, capacity, architecture_of(instance))
+                member = _Member(instance, agent, capacity, instance.architecture)
                 self._members[instance.name] = member
                 self._push(member)
 
@@ -186,7 +169,7 @@ class RequestRouter:
         with self._lock:
             return {agent: len(queue) for agent, queue in self._queues.items()}
 
-    def instances_of(self, agent: str, *, include_incoming: bool = False) -> list[Any]:
+    def instances_of(self, agent: str, *, include_incoming: bool = False) -> list[RoutableInstance]:
         """Instances serving `agent` now (with `include_incoming`, also those being moved to it)."""
         with self._lock:
             return [m.instance for m in self._members.values()
@@ -231,9 +214,8 @@ class RequestRouter:
         if agent not in self._queues:
             raise ValueError(f"unknown agent {agent!r}; served agents: {sorted(self._queues)}")
         for member in self._members.values():
-            if member.agent == agent and hasattr(member.instance, "engine"):
-                engine = member.instance.engine  # a bad prompt raises here, in the caller's thread
-                pad_prompt(request.prompt_ids, engine.config, engine.tokenizer.pad_id)
+            if member.agent == agent:
+                member.instance.check_request(request)  # a bad prompt raises here, in the caller's thread
                 break
         future: concurrent.futures.Future = concurrent.futures.Future()
         future.set_running_or_notify_cancel()
@@ -281,7 +263,7 @@ class RequestRouter:
             instance.update_params(params, version)
 
     # ------------------------------------------------------------------ migration
-    def add_migration_listener(self, listener: Callable[[Any, str, str], None]) -> None:
+    def add_migration_listener(self, listener: Callable[[RoutableInstance, str, str], None]) -> None:
         """`listener(instance, from_agent, to_agent)` runs when a moved instance starts serving."""
         self._migration_listeners.append(listener)
 
@@ -490,11 +472,8 @@ class RequestRouter:
     def _cancel(self, member: _Member, attempt: _Attempt) -> None:
         """Frees the slots of a cancelled attempt when the instance can cancel; otherwise its late result is
         ignored when it comes (and its slots count as load until then)."""
-        cancel = getattr(member.instance, "cancel", None)
-        if cancel is None:
-            return
         try:
-            cancelled = cancel(attempt.request)
+            cancelled = member.instance.cancel(attempt.request)
         except Exception:  # noqa: BLE001 - cancelling is best effort
             logger.exception("instance %s: cancel failed", member.name)
             return
