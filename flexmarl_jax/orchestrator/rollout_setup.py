@@ -24,7 +24,8 @@ from flexmarl_jax.rollout.backend import EngineBackend
 from flexmarl_jax.rollout.balancer import InstanceBalancer
 from flexmarl_jax.rollout.instance import EngineInstance
 from flexmarl_jax.rollout.protocols import RoutableInstance
-from flexmarl_jax.rollout.router import RequestRouter, RoutedBackend
+from flexmarl_jax.rollout.routed_backend import RoutedBackend
+from flexmarl_jax.rollout.router import RequestRouter
 from flexmarl_jax.rollout.settings import EngineConfig
 
 

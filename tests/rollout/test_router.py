@@ -13,7 +13,8 @@ from hypothesis import strategies as st
 
 from flexmarl_jax.rollout.instance import EngineInstance
 from flexmarl_jax.rollout.loop import RolloutLoop, RolloutRequest, SequenceResult
-from flexmarl_jax.rollout.router import SERVING, RequestFailed, RequestRouter, RoutedBackend
+from flexmarl_jax.rollout.routed_backend import RoutedBackend
+from flexmarl_jax.rollout.router import SERVING, RequestFailed, RequestRouter
 from flexmarl_jax.workflows.generation import GenerationBackend, GenerationRequest, SamplingParams
 
 AGENTS = ("planner", "solver", "critic")
