@@ -1,7 +1,8 @@
 """Metrics: record what happened and show it; never change behaviour.
 
-- `Timeline` (timeline.py): thread-safe busy intervals per resource, point events, gauges, counters;
-  utilization over a window; saved to / loaded from `<workdir>/timeline.json`.
+- `Timeline` (timeline.py): thread-safe busy intervals per resource, point events, gauges, counters
+  (record types and series names in timeline_records.py); utilization over a window (utilization.py);
+  saved to / loaded from `<workdir>/timeline.json`.
 - `MetricsWriter` (writer.py): one JSON object per iteration in `<workdir>/metrics.jsonl` plus
   TensorBoard scalars in `<workdir>/tensorboard/`; resume-safe (an iteration is never written twice).
 - `IterationProgress`, `print_summary` (progress.py): progress bar with ETA (one line per iteration when
@@ -58,8 +59,8 @@ Usage::
 
 from flexmarl_jax.metrics.jsonable import flatten, to_jsonable
 from flexmarl_jax.metrics.progress import IterationProgress, print_summary, summary_table
-from flexmarl_jax.metrics.timeline import (
-    DEFAULT_TIME_SPLIT,
+from flexmarl_jax.metrics.timeline import TIMELINE_FILENAME, Timeline
+from flexmarl_jax.metrics.timeline_records import (
     GENERATED_TOKENS,
     INSTANCES,
     KNOWN_KINDS,
@@ -67,14 +68,12 @@ from flexmarl_jax.metrics.timeline import (
     POLICY_VERSION,
     QUEUE_LENGTH,
     REQUESTS,
-    TIMELINE_FILENAME,
     BusyInterval,
     PointEvent,
     Sample,
-    Timeline,
     resource_group,
-    union_length,
 )
+from flexmarl_jax.metrics.utilization import DEFAULT_TIME_SPLIT, union_length
 from flexmarl_jax.metrics.writer import METRICS_FILENAME, TENSORBOARD_DIRNAME, MetricsWriter, read_metrics
 
 __all__ = [

@@ -7,10 +7,9 @@ Resources are named `<group>/<...>`; the first path component is the group used 
 Times are seconds since the timeline was created (its clock's origin). Every recording method also takes
 an explicit `time=` / `start=, end=` so that a simulator or a test can write a timeline without waiting.
 
-Utilization of a resource over a window [t0, t1] is the length of the union of its busy intervals clipped
-to the window, divided by t1 - t0 (overlapping intervals on one resource count once). A group's pooled
-utilization is the mean over the group's resources (= busy resource-seconds / (resources x wall time)),
-so an idle resource that was `declare`d counts as 0 and pulls the pool down, as idle hardware should.
+This module records and persists; the records themselves and the series names live in timeline_records.py,
+and utilization, the wall-time split and counter rates are computed by `TimelineAccounting`
+(utilization.py), which `Timeline` inherits. The package (`flexmarl_jax.metrics`) exports all of them.
 """
 
 from __future__ import annotations
@@ -22,107 +21,31 @@ import json
 import os
 import threading
 import time as time_module
-from collections.abc import Callable, Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
 from flexmarl_jax.metrics.jsonable import to_jsonable
+from flexmarl_jax.metrics.timeline_records import (
+    MIGRATION,
+    POLICY_VERSION,
+    BusyInterval,
+    PointEvent,
+    Sample,
+    resource_group,
+)
+from flexmarl_jax.metrics.utilization import TimelineAccounting
 
 TIMELINE_FILENAME = "timeline.json"
 _FORMAT = "flexmarl-timeline"
 _FORMAT_VERSION = 1
 
-# Interval kinds the plots know colours for; any other string is allowed too.
-KNOWN_KINDS = ("prefill", "decode", "train", "sync", "swap")
 
-# Conventional names, so the orchestrator, the balancer and the plots agree without string typos.
-MIGRATION = "migration"  # event: an instance moved from one agent to another
-POLICY_VERSION = "policy_version"  # event: an agent's policy version changed
-QUEUE_LENGTH = "queue_length"  # gauge per agent: requests waiting
-INSTANCES = "instances"  # gauge per agent: rollout instances serving it
-REQUESTS = "requests"  # counter per agent: rollout requests submitted
-GENERATED_TOKENS = "generated_tokens"  # counter per agent: tokens generated
-
-
-@dataclasses.dataclass(frozen=True)
-class BusyInterval:
-    """`resource` was busy doing `kind` (for `agent`) from `start` to `end` seconds."""
-
-    resource: str
-    start: float
-    end: float
-    kind: str = "busy"
-    agent: str | None = None
-
-    @property
-    def duration(self) -> float:
-        return self.end - self.start
-
-    @property
-    def group(self) -> str:
-        return resource_group(self.resource)
-
-
-@dataclasses.dataclass(frozen=True)
-class PointEvent:
-    """Something that happened at one instant (a migration, a policy version change, ...)."""
-
-    time: float
-    name: str
-    agent: str | None = None
-    resource: str | None = None
-    attrs: Mapping[str, Any] = dataclasses.field(default_factory=dict)
-
-
-@dataclasses.dataclass(frozen=True)
-class Sample:
-    """One value of a time series `series` for `key` (usually an agent name) at `time`.
-
-    For counters `value` is the increment recorded at that time, not the running total.
-    """
-
-    time: float
-    series: str
-    key: str
-    value: float
-
-
-def resource_group(resource: str) -> str:
-    """`"rollout/solver/0"` -> `"rollout"`: the first path component of a resource name."""
-    return resource.split("/", 1)[0]
-
-
-# Priority order for `Timeline.time_split`: which activity an instant of wall time is charged to.
-DEFAULT_TIME_SPLIT: Mapping[str, Callable[[BusyInterval], bool]] = {
-    "sync_s": lambda interval: interval.kind == "sync",
-    "rollout_s": lambda interval: interval.group == "rollout",
-    "train_s": lambda interval: interval.group == "train",
-}
-
-
-def union_length(intervals: Iterable[tuple[float, float]], t0: float, t1: float) -> float:
-    """Length of the union of `(start, end)` intervals after clipping each to [t0, t1]."""
-    clipped = sorted((max(start, t0), min(end, t1)) for start, end in intervals)
-    total = 0.0
-    current_start = current_end = None
-    for start, end in clipped:
-        if end <= start:
-            continue
-        if current_end is None or start > current_end:
-            if current_end is not None:
-                total += current_end - current_start
-            current_start, current_end = start, end
-        else:
-            current_end = max(current_end, end)
-    if current_end is not None:
-        total += current_end - current_start
-    return total
-
-
-class Timeline:
-    """Thread-safe recorder of busy intervals, point events, gauges and counters.
+class Timeline(TimelineAccounting):
+    """Thread-safe recorder of busy intervals, point events, gauges and counters (and, through
+    `TimelineAccounting`, their utilization and time split).
 
     Args:
       clock: returns seconds (monotonic); the timeline's time 0 is the clock's value at construction.
@@ -323,76 +246,6 @@ class Timeline:
                 times.append(self.now())
         return max(times, default=0.0)
 
-    # ------------------------------------------------------------------ utilization
-
-    def busy_seconds(self, resource: str, t0: float | None = None, t1: float | None = None) -> float:
-        """Seconds in [t0, t1] during which `resource` was busy (overlaps counted once; open blocks count)."""
-        t0, t1 = self._window(t0, t1)
-        spans = [(interval.start, interval.end)
-                 for interval in self.intervals(resource, include_open=True, overlapping=(t0, t1))]
-        return union_length(spans, t0, t1)
-
-    def utilization(self, resource: str, t0: float | None = None, t1: float | None = None) -> float:
-        """Busy fraction of `resource` over [t0, t1] (default: [0, end_time()]); in [0, 1]."""
-        t0, t1 = self._window(t0, t1)
-        return self.busy_seconds(resource, t0, t1) / (t1 - t0)
-
-    def group_utilization(self, group: str, t0: float | None = None, t1: float | None = None) -> float:
-        """Pooled utilization of a group: mean busy fraction over its resources; 0.0 if it has none."""
-        t0, t1 = self._window(t0, t1)
-        members = [resource for resource in self.resources if resource_group(resource) == group]
-        if not members:
-            return 0.0
-        return sum(self.utilization(resource, t0, t1) for resource in members) / len(members)
-
-    def utilization_report(self, t0: float | None = None, t1: float | None = None) -> dict[str, Any]:
-        """Utilization over [t0, t1] for the metrics record.
-
-        Returns `{<group>: pooled fraction for each group, "all": pooled over every resource,
-        "resources": {resource: fraction}}`, e.g. `{"rollout": 0.62, "train": 0.31, "all": 0.5, ...}`.
-        """
-        t0, t1 = self._window(t0, t1)
-        per_resource = {resource: self.utilization(resource, t0, t1) for resource in self.resources}
-        report: dict[str, Any] = {}
-        for group in self.groups():
-            members = [value for resource, value in per_resource.items() if resource_group(resource) == group]
-            report[group] = sum(members) / len(members)
-        report["all"] = sum(per_resource.values()) / len(per_resource) if per_resource else 0.0
-        report["resources"] = per_resource
-        return report
-
-    def time_split(
-        self,
-        t0: float,
-        t1: float,
-        categories: Mapping[str, Callable[[BusyInterval], bool]] | None = None,
-    ) -> dict[str, float]:
-        """Split the wall time [t0, t1] into categories that sum exactly to t1 - t0.
-
-        Each instant goes to the first category (in `categories` order) with a matching interval active
-        then; instants with none go to `other_s`. The default order is `DEFAULT_TIME_SPLIT`: weight sync,
-        then rollout, then training, so `train_s` is the training time *not* hidden behind rollout (the part
-        that lengthens an iteration) and `rollout_s + train_s + sync_s + other_s == e2e_s`.
-        """
-        t0, t1 = self._window(t0, t1)
-        categories = DEFAULT_TIME_SPLIT if categories is None else categories
-        intervals = self.intervals(include_open=True, overlapping=(t0, t1))
-        split: dict[str, float] = {}
-        covered: list[tuple[float, float]] = []
-        covered_length = 0.0
-        for name, matches in categories.items():
-            covered += [(i.start, i.end) for i in intervals if matches(i)]
-            now_covered = union_length(covered, t0, t1)
-            split[name] = now_covered - covered_length
-            covered_length = now_covered
-        split["other_s"] = (t1 - t0) - covered_length
-        return split
-
-    def counter_rate(self, series: str, t0: float, t1: float, key: str | None = None) -> float:
-        """Counter increase per second over [t0, t1], e.g. generated tokens/s."""
-        t0, t1 = self._window(t0, t1)
-        return self.counter_total(series, key, t0, t1) / (t1 - t0)
-
     # ------------------------------------------------------------------ persistence
 
     def to_dict(self) -> dict[str, Any]:
@@ -479,13 +332,6 @@ class Timeline:
         sample = Sample(self._time_or_now(time), series, str(key), float(to_jsonable(value)))
         with self._lock:
             target.append(sample)
-
-    def _window(self, t0: float | None, t1: float | None) -> tuple[float, float]:
-        t0 = 0.0 if t0 is None else float(t0)
-        t1 = self.end_time() if t1 is None else float(t1)
-        if not t1 > t0:
-            raise ValueError(f"utilization window [t0={t0}, t1={t1}] is empty; need t1 > t0")
-        return t0, t1
 
 
 def _check_resource(resource: str) -> None:

@@ -20,14 +20,14 @@ from flexmarl_jax.metrics.plot_style import (
     kind_color,
     save_figure,
 )
-from flexmarl_jax.metrics.timeline import (
+from flexmarl_jax.metrics.timeline import Timeline
+from flexmarl_jax.metrics.timeline_records import (
     INSTANCES,
     KNOWN_KINDS,
     MIGRATION,
     POLICY_VERSION,
     QUEUE_LENGTH,
     REQUESTS,
-    Timeline,
     resource_group,
 )
 

@@ -23,7 +23,9 @@ from flexmarl_jax.metrics import Timeline
 from flexmarl_jax.rollout.backend import EngineBackend
 from flexmarl_jax.rollout.balancer import InstanceBalancer
 from flexmarl_jax.rollout.instance import EngineInstance
-from flexmarl_jax.rollout.router import RequestRouter, RoutedBackend
+from flexmarl_jax.rollout.protocols import RoutableInstance
+from flexmarl_jax.rollout.routed_backend import RoutedBackend
+from flexmarl_jax.rollout.router import RequestRouter
 from flexmarl_jax.rollout.settings import EngineConfig
 
 
@@ -127,7 +129,7 @@ def build_balanced_backend(config: ml_collections.ConfigDict, instances: dict[st
     """Router + balancer over `instances`; `weights` are each agent's (params, version) served now."""
     knobs = balancing_settings(config)
 
-    def relabel(instance, from_agent: str, to_agent: str) -> None:
+    def relabel(instance: RoutableInstance, from_agent: str, to_agent: str) -> None:
         if isinstance(instance, TimedInstance):
             instance.reassign(to_agent)
 

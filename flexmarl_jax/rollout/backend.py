@@ -1,7 +1,7 @@
 """`EngineBackend`: the workflows' `GenerationBackend` served by engine instances.
 
 `submit` tokenises the prompt, picks the instance of the request's agent with the
-least outstanding work (`router.RoutedBackend` sends it through a RequestRouter instead),
+least outstanding work (`routed_backend.RoutedBackend` sends it through a RequestRouter instead),
 enqueues one `RolloutRequest` (all samples share one prefill) and returns a future that
 resolves with one `Completion` per sample, in sample order.
 """

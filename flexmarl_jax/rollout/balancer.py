@@ -22,7 +22,8 @@ from typing import Any
 
 from flexmarl_jax.metrics import INSTANCES, QUEUE_LENGTH, Timeline
 from flexmarl_jax.rollout.periodic import PeriodicThread
-from flexmarl_jax.rollout.router import DRAINING, LOADING, SERVING, RequestRouter
+from flexmarl_jax.rollout.router import RequestRouter
+from flexmarl_jax.rollout.routing_state import DRAINING, LOADING, SERVING
 
 logger = logging.getLogger(__name__)
 

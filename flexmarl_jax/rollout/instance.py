@@ -1,5 +1,5 @@
 """`EngineInstance`: one engine on its own (sub-)mesh with a request queue, load figures and
-weight hot-swap.
+weight hot-swap. It implements `protocols.RoutableInstance`, so a RequestRouter can serve it.
 
 Driving it. An instance can run its continuous-batching loop on its own thread
 (`start()` / `stop()`), or the caller can drive it with `step()`. Threads are the
@@ -94,9 +94,13 @@ class EngineInstance:
         return cls(engine, params, **kwargs)
 
     # ------------------------------------------------------------------ requests
+    def check_request(self, request: RolloutRequest) -> None:
+        """Raises ValueError for a prompt this engine can never take (empty, too long)."""
+        pad_prompt(request.prompt_ids, self.engine.config, self.engine.tokenizer.pad_id)
+
     def submit(self, request: RolloutRequest) -> None:
         """Queues a request. Prompt errors (empty, too long) raise here, in the caller's thread."""
-        pad_prompt(request.prompt_ids, self.engine.config, self.engine.tokenizer.pad_id)
+        self.check_request(request)
         with self._cond:
             if self._error is not None:
                 raise RuntimeError(f"{self.name} failed earlier: {self._error!r}")
@@ -124,6 +128,16 @@ class EngineInstance:
                 outstanding_tokens=loop.outstanding_tokens + incoming_tokens,
                 free_slots=self.engine.max_concurrent_decodes - active,
             )
+
+    @property
+    def capacity(self) -> int:
+        """Samples decoded at once: the engine's decode slots."""
+        return self.engine.max_concurrent_decodes
+
+    @property
+    def architecture(self) -> tuple[str, str]:
+        """The model and engine config: another instance can serve this one's weights only if they match."""
+        return (repr(self.engine.model_config), repr(self.engine.config))
 
     @property
     def policy_version(self) -> int:

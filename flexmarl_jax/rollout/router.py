@@ -7,19 +7,20 @@ for the inter-agent balancer (balancer.py), and an instance can be taken away fr
 request stranded in it: it stops getting that agent's work, finishes what it holds, loads the receiving
 agent's weights, and only then takes the receiving agent's requests.
 
-Per agent, a min-heap of instance loads (outstanding tokens, then samples in flight) picks the target;
-entries are invalidated lazily (each instance carries a version that every load change bumps).
+Per agent, the least-loaded instance (outstanding tokens, then samples in flight) with room gets the next
+request; that load bookkeeping, per instance and per request, is in routing_state.py.
 
-A dispatched request past `timeout_s` is cancelled (through the instance's `cancel(request)` when it
-has one; otherwise its late result is ignored and it keeps its slots until it ends) and re-queued at the
+A dispatched request past `timeout_s` is cancelled (the instance's `cancel(request)`; where that returns
+False, its late result is ignored and it keeps its slots until it ends) and re-queued at the
 front of its agent's queue, at most `max_retries` times; after that its future fails with
 `RequestFailed` naming the request. A request therefore resolves exactly once: with its results, or
 with an error — never dropped, never delivered twice.
 
-Instances are duck-typed: `name`, `submit(RolloutRequest)`, `update_params(params, version)` and a
-capacity (`capacity`, or `engine.max_concurrent_decodes`); optional `cancel(RolloutRequest) -> bool`.
-Instance methods are never called while the router's lock is held (instances call back into the router
-from their own threads, sometimes under their own locks).
+Instances implement `protocols.RoutableInstance` (name, capacity, architecture, check_request, submit,
+update_params, cancel). Instance methods are never called while the router's lock is held (instances
+call back into the router from their own threads, sometimes under their own locks).
+
+The workflows reach the router through `routed_backend.RoutedBackend`, a GenerationBackend over it.
 """
 
 from __future__ import annotations
@@ -27,7 +28,6 @@ from __future__ import annotations
 import collections
 import concurrent.futures
 import dataclasses
-import heapq
 import itertools
 import logging
 import threading
@@ -35,13 +35,11 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
-from flexmarl_jax.rollout.backend import EngineBackend
-from flexmarl_jax.rollout.engine import pad_prompt
 from flexmarl_jax.rollout.loop import RolloutRequest, SequenceResult
+from flexmarl_jax.rollout.protocols import RoutableInstance
+from flexmarl_jax.rollout.routing_state import BROKEN, DRAINING, LOADING, SERVING, Attempt, Job, LoadHeaps, Member
 
 logger = logging.getLogger(__name__)
-
-SERVING, DRAINING, LOADING, BROKEN = "serving", "draining", "loading", "broken"
 
 
 class RequestFailed(RuntimeError):
@@ -51,74 +49,6 @@ class RequestFailed(RuntimeError):
     def __init__(self, label: str, attempts: int, reason: str):
         super().__init__(f"request {label!r} failed after {attempts} attempt(s): {reason}")
         self.label, self.attempts, self.reason = label, attempts, reason
-
-
-@dataclasses.dataclass(eq=False)
-class _Job:
-    """One routed request; `attempt` is the live attempt's id (None while queued or finished)."""
-
-    label: str
-    agent: str
-    request: RolloutRequest
-    future: concurrent.futures.Future
-    attempts: int = 0
-    attempt: int | None = None
-    deadline: float | None = None
-    finished: bool = False
-
-
-@dataclasses.dataclass(eq=False)
-class _Attempt:
-    attempt_id: int
-    job: _Job
-    request: RolloutRequest  # the copy handed to the instance (carries the router's callbacks)
-    samples: int
-    tokens: int
-
-
-@dataclasses.dataclass(eq=False)
-class _Member:
-    """The router's view of one instance: whom it serves and what it holds (cancelled attempts included,
-    since they occupy slots until the instance lets go of them)."""
-
-    instance: Any
-    agent: str
-    capacity: int
-    architecture: Any
-    state: str = SERVING
-    target_agent: str | None = None
-    inflight: dict[int, _Attempt] = dataclasses.field(default_factory=dict)
-    samples: int = 0
-    tokens: int = 0
-    version: int = 0  # bumped on every load change; heap entries with an older version are stale
-    migrated_at: float = float("-inf")
-
-    @property
-    def name(self) -> str:
-        return self.instance.name
-
-    def key(self) -> tuple[int, int]:
-        return (self.tokens, self.samples)
-
-    def has_room(self, samples: int) -> bool:
-        """Room for a request of `samples` (an idle instance takes any size: its loop queues the excess)."""
-        return self.samples == 0 or self.samples + samples <= self.capacity
-
-
-def capacity_of(instance: Any) -> int:
-    """Samples an instance decodes at once: its `capacity`, else its engine's decode slots."""
-    capacity = getattr(instance, "capacity", None)
-    if capacity is None:
-        capacity = instance.engine.max_concurrent_decodes
-    return int(capacity)
-
-
-def architecture_of(instance: Any) -> Any:
-    """What must match for one instance's weights to be served by another: the model and engine config."""
-    architecture = getattr(instance, "architecture", None)
-    if architecture is None and hasattr(instance, "engine"):
-        architecture = (repr(instance.engine.model_config), repr(instance.engine.config))
-    return architecture
 
 
 class RequestRouter:
@@ -136,10 +66,10 @@ class RequestRouter:
       clock: seconds, monotonic (tests pass a fake one).
     """
 
-    def __init__(self, instances: Mapping[str, Sequence[Any]], *, timeout_s: float | None = None,
+    def __init__(self, instances: Mapping[str, Sequence[RoutableInstance]], *, timeout_s: float | None = None,
                  max_retries: int = 2, weights_provider: Callable[[str], tuple[Any, int]] | None = None,
                  initial_weights: Mapping[str, tuple[Any, int]] | None = None,
-                 on_migrated: Callable[[Any, str, str], None] | None = None,
+                 on_migrated: Callable[[RoutableInstance, str, str], None] | None = None,
                  clock: Callable[[], float] = time.monotonic):
         if timeout_s is not None and not timeout_s > 0:
             raise ValueError(f"timeout_s={timeout_s!r} must be > 0 seconds (or None for no timeout)")
@@ -148,29 +78,27 @@ class RequestRouter:
         self.timeout_s, self.max_retries, self.clock = timeout_s, max_retries, clock
         self._migration_listeners = [on_migrated] if on_migrated is not None else []
         self._lock = threading.RLock()
-        self._members: dict[str, _Member] = {}
-        self._queues: dict[str, collections.deque[_Job]] = {}
-        self._heaps: dict[str, list] = {}
+        self._members: dict[str, Member] = {}
+        self._queues: dict[str, collections.deque[Job]] = {}
+        self._loads = LoadHeaps(instances)
         self._weights: dict[str, tuple[Any, int]] = dict(initial_weights or {})
         self._weights_generation: collections.Counter = collections.Counter()
         self._weights_provider = weights_provider or self.current_weights
         self._attempt_ids = itertools.count()
-        self._heap_ties = itertools.count()
         self.stats = collections.Counter()  # submitted / completed / timeouts / retries / failed / migrations
         for agent, agent_instances in instances.items():
             if not agent_instances:
                 raise ValueError(f"agent {agent!r} has no engine instance; every agent needs at least one")
             self._queues[agent] = collections.deque()
-            self._heaps[agent] = []
             for instance in agent_instances:
                 if instance.name in self._members:
                     raise ValueError(f"instance name {instance.name!r} is used twice; names must be unique")
-                capacity = capacity_of(instance)
+                capacity = int(instance.capacity)
                 if capacity < 1:
                     raise ValueError(f"instance {instance.name!r} has capacity {capacity}; needs >= 1")
-                member = _Member(instance, agent, capacity, architecture_of(instance))
+                member = Member(instance, agent, capacity, instance.architecture)
                 self._members[instance.name] = member
-                self._push(member)
+                self._loads.track(member)
 
     # ------------------------------------------------------------------ queries
     @property
@@ -186,7 +114,7 @@ class RequestRouter:
         with self._lock:
             return {agent: len(queue) for agent, queue in self._queues.items()}
 
-    def instances_of(self, agent: str, *, include_incoming: bool = False) -> list[Any]:
+    def instances_of(self, agent: str, *, include_incoming: bool = False) -> list[RoutableInstance]:
         """Instances serving `agent` now (with `include_incoming`, also those being moved to it)."""
         with self._lock:
             return [m.instance for m in self._members.values()
@@ -199,7 +127,7 @@ class RequestRouter:
     def instance_counts(self) -> dict[str, int]:
         return {agent: self.num_instances(agent) for agent in self._queues}
 
-    def members(self) -> list[_Member]:
+    def members(self) -> list[Member]:
         with self._lock:
             return list(self._members.values())
 
@@ -231,13 +159,12 @@ class RequestRouter:
         if agent not in self._queues:
             raise ValueError(f"unknown agent {agent!r}; served agents: {sorted(self._queues)}")
         for member in self._members.values():
-            if member.agent == agent and hasattr(member.instance, "engine"):
-                engine = member.instance.engine  # a bad prompt raises here, in the caller's thread
-                pad_prompt(request.prompt_ids, engine.config, engine.tokenizer.pad_id)
+            if member.agent == agent:
+                member.instance.check_request(request)  # a bad prompt raises here, in the caller's thread
                 break
         future: concurrent.futures.Future = concurrent.futures.Future()
         future.set_running_or_notify_cancel()
-        job = _Job(label or f"{agent}/{id(future):x}", agent, request, future)
+        job = Job(label or f"{agent}/{id(future):x}", agent, request, future)
         with self._lock:
             self._queues[agent].append(job)
             self.stats["submitted"] += 1
@@ -281,7 +208,7 @@ class RequestRouter:
             instance.update_params(params, version)
 
     # ------------------------------------------------------------------ migration
-    def add_migration_listener(self, listener: Callable[[Any, str, str], None]) -> None:
+    def add_migration_listener(self, listener: Callable[[RoutableInstance, str, str], None]) -> None:
         """`listener(instance, from_agent, to_agent)` runs when a moved instance starts serving."""
         self._migration_listeners.append(listener)
 
@@ -324,7 +251,7 @@ class RequestRouter:
         if self._weights_provider == self.current_weights and agent not in self._weights:
             self.current_weights(agent)  # raises the explanatory ValueError
 
-    def _finish_migration(self, member: _Member) -> None:
+    def _finish_migration(self, member: Member) -> None:
         """Loads the receiving agent's current weights (outside the lock), then lets it serve. A weight sync
         that lands meanwhile is caught by comparing generations, and the load is repeated."""
         with self._lock:
@@ -344,7 +271,7 @@ class RequestRouter:
                 member.agent, member.target_agent, member.state = to_agent, None, SERVING
                 member.migrated_at = self.clock()
                 self.stats["migrations"] += 1
-                self._push(member)
+                self._loads.push(member)
                 break
         logger.info("instance %s moved from %s to %s (policy version %d)", member.name, from_agent, to_agent,
                     version)
@@ -353,43 +280,20 @@ class RequestRouter:
         self._dispatch([to_agent])
 
     # ------------------------------------------------------------------ internals
-    def _push(self, member: _Member) -> None:
-        member.version += 1
-        heapq.heappush(self._heaps[member.agent], (member.key(), next(self._heap_ties), member.version, member))
-
-    def _pick(self, agent: str, samples: int) -> _Member | None:
-        """The least-loaded serving instance of `agent` with room for `samples` (lock held)."""
-        heap, skipped, chosen = self._heaps[agent], [], None
-        while heap:
-            entry = heapq.heappop(heap)
-            member = entry[3]
-            if entry[2] != member.version or member.state != SERVING or member.agent != agent:
-                continue  # stale
-            if member.has_room(samples):
-                chosen = member
-                break
-            skipped.append(entry)
-        for entry in skipped:
-            heapq.heappush(heap, entry)
-        if len(heap) > 4 * len(self._members) + 16:  # drop stale entries now and then
-            heap[:] = [e for e in heap if e[2] == e[3].version and e[3].state == SERVING and e[3].agent == agent]
-            heapq.heapify(heap)
-        return chosen
-
     def _dispatch(self, agents) -> None:
         """Hands queued requests to instances with room; instance.submit runs outside the lock."""
-        sends: list[tuple[_Member, _Attempt]] = []
+        sends: list[tuple[Member, Attempt]] = []
         with self._lock:
             for agent in agents:
                 queue = self._queues[agent]
                 while queue:
-                    member = self._pick(agent, queue[0].request.num_samples)
+                    member = self._loads.pick(agent, queue[0].request.num_samples)
                     if member is None:
                         break
                     job = queue.popleft()
                     attempt = self._new_attempt(member, job)
                     sends.append((member, attempt))
-                    self._push(member)
+                    self._loads.push(member)
         for member, attempt in sends:
             try:
                 member.instance.submit(attempt.request)
@@ -405,33 +309,28 @@ class RequestRouter:
             except Exception as error:  # noqa: BLE001 - the instance is broken: retry elsewhere
                 self._on_error(member, attempt.attempt_id, error)
 
-    def _new_attempt(self, member: _Member, job: _Job) -> _Attempt:
+    def _new_attempt(self, member: Member, job: Job) -> Attempt:
         attempt_id = next(self._attempt_ids)
         request = dataclasses.replace(
             job.request,
             on_done=lambda results, m=member, a=attempt_id: self._on_done(m, a, results),
             on_error=lambda error, m=member, a=attempt_id: self._on_error(m, a, error))
-        attempt = _Attempt(attempt_id, job, request, job.request.num_samples,
+        attempt = Attempt(attempt_id, job, request, job.request.num_samples,
                            job.request.num_samples * job.request.max_new_tokens)
         job.attempts += 1
         job.attempt = attempt_id
         job.deadline = None if self.timeout_s is None else self.clock() + self.timeout_s
-        member.inflight[attempt_id] = attempt
-        member.samples += attempt.samples
-        member.tokens += attempt.tokens
+        member.hold(attempt)
         return attempt
 
-    def _release(self, member: _Member, attempt_id: int) -> _Attempt | None:
+    def _release(self, member: Member, attempt_id: int) -> Attempt | None:
         """Removes an attempt from its instance (lock held); None if it was already removed."""
-        attempt = member.inflight.pop(attempt_id, None)
-        if attempt is not None:
-            member.samples -= attempt.samples
-            member.tokens -= attempt.tokens
-            if member.state == SERVING:
-                self._push(member)
+        attempt = member.drop(attempt_id)
+        if attempt is not None and member.state == SERVING:
+            self._loads.push(member)
         return attempt
 
-    def _on_done(self, member: _Member, attempt_id: int, results: list[SequenceResult]) -> None:
+    def _on_done(self, member: Member, attempt_id: int, results: list[SequenceResult]) -> None:
         resolutions = []
         with self._lock:
             attempt = self._release(member, attempt_id)
@@ -448,7 +347,7 @@ class RequestRouter:
         else:
             self._dispatch([agent])
 
-    def _on_error(self, member: _Member, attempt_id: int, error: BaseException) -> None:
+    def _on_error(self, member: Member, attempt_id: int, error: BaseException) -> None:
         """The instance failed this attempt: it is taken out of routing, the request retried elsewhere."""
         resolutions, agents = [], set()
         with self._lock:
@@ -474,7 +373,7 @@ class RequestRouter:
         self._resolve(resolutions)
         self._dispatch(agents)
 
-    def _retry_or_fail(self, job: _Job, reason: str, cause: BaseException | None) -> list:
+    def _retry_or_fail(self, job: Job, reason: str, cause: BaseException | None) -> list:
         """Re-queues a job whose attempt ended badly (at the front: it waited longest), or fails it (lock
         held). Returns the resolutions to deliver."""
         if job.attempts <= self.max_retries:
@@ -487,14 +386,11 @@ class RequestRouter:
         error.__cause__ = cause
         return [(job, None, error)]
 
-    def _cancel(self, member: _Member, attempt: _Attempt) -> None:
+    def _cancel(self, member: Member, attempt: Attempt) -> None:
         """Frees the slots of a cancelled attempt when the instance can cancel; otherwise its late result is
         ignored when it comes (and its slots count as load until then)."""
-        cancel = getattr(member.instance, "cancel", None)
-        if cancel is None:
-            return
         try:
-            cancelled = cancel(attempt.request)
+            cancelled = member.instance.cancel(attempt.request)
         except Exception:  # noqa: BLE001 - cancelling is best effort
             logger.exception("instance %s: cancel failed", member.name)
             return
@@ -517,41 +413,3 @@ class RequestRouter:
                 job.future.set_exception(error)
                 if job.request.on_error is not None:
                     job.request.on_error(error)
-
-
-class RoutedBackend(EngineBackend):
-    """The workflows' GenerationBackend over a RequestRouter (same protocol and results as EngineBackend).
-
-    Args:
-      router: routes every agent's requests over its instances.
-      tokenizer: our Tokenizer; prompts get a BOS when the tokenizer has one.
-      start: start every instance's thread (and stop them in `close()`).
-      services: objects with `start()`/`stop()` run alongside (the balancer, the timeout monitor); started
-        now when `start`, stopped first in `close()`.
-    """
-
-    def __init__(self, router: RequestRouter, tokenizer: Any, *, start: bool = True, services: Sequence[Any] = ()):
-        instances = {agent: router.instances_of(agent, include_incoming=True) for agent in router.agents}
-        super().__init__(instances, tokenizer, start=start)
-        self.router = router
-        self.services = list(services)
-        if start:
-            for service in self.services:
-                service.start()
-
-    def _send(self, agent: str, request: RolloutRequest, request_id: str) -> None:
-        """Through the router; a request that cannot be served fails its future with RequestFailed (naming
-        request_id)."""
-        self.router.submit(agent, request, label=request_id)
-
-    def pick_instance(self, agent: str) -> Any:
-        raise NotImplementedError("RoutedBackend routes through its RequestRouter; use submit()")
-
-    def update_params(self, agent: str, params: Any, version: int) -> None:
-        """New weights for `agent`'s instances, including any that move to it later."""
-        self.router.update_params(agent, params, version)
-
-    def close(self) -> None:
-        for service in self.services:
-            service.stop()
-        super().close()

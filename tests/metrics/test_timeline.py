@@ -10,7 +10,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from flexmarl_jax import metrics
-from flexmarl_jax.metrics.timeline import union_length
+from flexmarl_jax.metrics.utilization import union_length
 
 
 class FakeClock:

@@ -13,7 +13,8 @@ from hypothesis import strategies as st
 
 from flexmarl_jax.rollout.instance import EngineInstance
 from flexmarl_jax.rollout.loop import RolloutLoop, RolloutRequest, SequenceResult
-from flexmarl_jax.rollout.router import SERVING, RequestFailed, RequestRouter, RoutedBackend
+from flexmarl_jax.rollout.routed_backend import RoutedBackend
+from flexmarl_jax.rollout.router import SERVING, RequestFailed, RequestRouter
 from flexmarl_jax.workflows.generation import GenerationBackend, GenerationRequest, SamplingParams
 
 AGENTS = ("planner", "solver", "critic")
@@ -28,17 +29,19 @@ class FakeClock:
 
 
 class FakeInstance:
-    """The small interface the router routes to. It 'generates' by echoing the prompt and answering with the
-    agent whose weights it holds, so a result shows which weights served it."""
+    """The interface the router routes to (protocols.RoutableInstance). It 'generates' by echoing the prompt and
+    answering with the agent whose weights it holds, so a result shows which weights served it."""
 
     def __init__(self, name: str, agent: str, capacity: int = 2, architecture: str = "tiny", can_cancel=False):
         self.name, self.capacity, self.architecture = name, capacity, architecture
+        self.can_cancel = can_cancel
         self.weights_agent, self.version = agent, 0
         self.held: list[RolloutRequest] = []
         self.violations: list[str] = []
         self.submitted = 0
-        if can_cancel:
-            self.cancel = self._cancel
+
+    def check_request(self, request: RolloutRequest) -> None:
+        pass  # any prompt will do
 
     def submit(self, request: RolloutRequest) -> None:
         request_agent = AGENTS[request.prompt_ids[1]]
@@ -54,7 +57,9 @@ class FakeInstance:
             self.violations.append(f"{self.name} got {params} weights with {len(self.held)} requests in flight")
         self.weights_agent, self.version = params, version
 
-    def _cancel(self, request) -> bool:
+    def cancel(self, request) -> bool:
+        if not self.can_cancel:
+            return False
         self.held.remove(request)
         return True
 
@@ -155,7 +160,7 @@ def test_timeouts_requeue_then_fail_naming_the_request():
     future = router.submit("solver", RolloutRequest((0, 1)), label="query-7/solver")
     assert [len(f.held) for f in fakes] == [1, 0]
     clock.now = 5.1
-    assert router.check_timeouts() == 1  # re-queued: no cancel hook, so s0 keeps the zombie and s1 gets it
+    assert router.check_timeouts() == 1  # re-queued: s0 cannot cancel, so it keeps the zombie and s1 gets it
     assert [len(f.held) for f in fakes] == [1, 1] and not future.done()
     fakes[0].complete(0)  # the late result of the cancelled attempt is ignored
     assert not future.done()

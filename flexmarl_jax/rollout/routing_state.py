@@ -1,0 +1,136 @@
+"""The RequestRouter's bookkeeping (router.py): what each routed request and each instance holds, and the
+per-agent heaps that find the least-loaded instance.
+
+Kept apart from the router so that the routing policy there (queues, dispatch, timeouts, retries,
+migrations) reads as decisions over this state, and the load arithmetic lives in one place. Nothing here
+locks: every method runs under the router's lock.
+
+Per agent, a min-heap of instance loads (outstanding tokens, then samples in flight) picks the target.
+Entries are invalidated lazily rather than removed: each instance carries a version that every load
+change bumps, so an entry with an older version is stale and skipped when it surfaces, which keeps a load
+change O(log n) instead of a heap search.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import dataclasses
+import heapq
+import itertools
+from collections.abc import Hashable, Iterable
+
+from flexmarl_jax.rollout.loop import RolloutRequest
+from flexmarl_jax.rollout.protocols import RoutableInstance
+
+# An instance's life in the router: SERVING its agent; DRAINING its in-flight work before it moves to
+# another agent; LOADING that agent's weights; BROKEN after a failure (it gets no more requests).
+SERVING, DRAINING, LOADING, BROKEN = "serving", "draining", "loading", "broken"
+
+
+@dataclasses.dataclass(eq=False)
+class Job:
+    """One routed request; `attempt` is the live attempt's id (None while queued or finished)."""
+
+    label: str
+    agent: str
+    request: RolloutRequest
+    future: concurrent.futures.Future
+    attempts: int = 0
+    attempt: int | None = None
+    deadline: float | None = None
+    finished: bool = False
+
+
+@dataclasses.dataclass(eq=False)
+class Attempt:
+    attempt_id: int
+    job: Job
+    request: RolloutRequest  # the copy handed to the instance (carries the router's callbacks)
+    samples: int
+    tokens: int
+
+
+@dataclasses.dataclass(eq=False)
+class Member:
+    """The router's view of one instance: whom it serves and what it holds (cancelled attempts included,
+    since they occupy slots until the instance lets go of them)."""
+
+    instance: RoutableInstance
+    agent: str
+    capacity: int
+    architecture: Hashable
+    state: str = SERVING
+    target_agent: str | None = None
+    inflight: dict[int, Attempt] = dataclasses.field(default_factory=dict)
+    samples: int = 0
+    tokens: int = 0
+    version: int = 0  # bumped on every load change; heap entries with an older version are stale
+    migrated_at: float = float("-inf")
+
+    @property
+    def name(self) -> str:
+        return self.instance.name
+
+    def key(self) -> tuple[int, int]:
+        return (self.tokens, self.samples)
+
+    def has_room(self, samples: int) -> bool:
+        """Room for a request of `samples` (an idle instance takes any size: its loop queues the excess)."""
+        return self.samples == 0 or self.samples + samples <= self.capacity
+
+    def hold(self, attempt: Attempt) -> None:
+        """Counts `attempt` as this instance's load."""
+        self.inflight[attempt.attempt_id] = attempt
+        self.samples += attempt.samples
+        self.tokens += attempt.tokens
+
+    def drop(self, attempt_id: int) -> Attempt | None:
+        """Stops counting an attempt; None if it was already dropped."""
+        attempt = self.inflight.pop(attempt_id, None)
+        if attempt is not None:
+            self.samples -= attempt.samples
+            self.tokens -= attempt.tokens
+        return attempt
+
+
+class LoadHeaps:
+    """Per agent, the serving instances by load, least loaded first (see the module docstring)."""
+
+    def __init__(self, agents: Iterable[str]) -> None:
+        self._heaps: dict[str, list] = {agent: [] for agent in agents}
+        self._ties = itertools.count()
+        self._tracked = 0
+
+    def track(self, member: Member) -> None:
+        """A new instance, entered under its agent."""
+        self._tracked += 1
+        self.push(member)
+
+    def push(self, member: Member) -> None:
+        """(Re-)enters `member` at its current load under its current agent; older entries go stale."""
+        member.version += 1
+        heapq.heappush(self._heaps[member.agent], (member.key(), next(self._ties), member.version, member))
+
+    def pick(self, agent: str, samples: int) -> Member | None:
+        """The least-loaded serving instance of `agent` with room for `samples`."""
+        heap, skipped, chosen = self._heaps[agent], [], None
+        while heap:
+            entry = heapq.heappop(heap)
+            if not _live(entry, agent):
+                continue
+            if entry[3].has_room(samples):
+                chosen = entry[3]
+                break
+            skipped.append(entry)
+        for entry in skipped:
+            heapq.heappush(heap, entry)
+        if len(heap) > 4 * self._tracked + 16:  # drop stale entries now and then
+            heap[:] = [entry for entry in heap if _live(entry, agent)]
+            heapq.heapify(heap)
+        return chosen
+
+
+def _live(entry: tuple, agent: str) -> bool:
+    """Whether a heap entry still describes its member: same load version, serving, and serving `agent`."""
+    member = entry[3]
+    return entry[2] == member.version and member.state == SERVING and member.agent == agent
