@@ -85,10 +85,10 @@ def base_config() -> ml_collections.ConfigDict:
     config.rollout.max_retries = 2  # re-queues of a timed-out request before it is reported failed
 
     config.train = ml_collections.ConfigDict()
-    config.train.algorithm = "grpo"  # grpo | drgrpo | ppo
+    config.train.algorithm = "grpo"  # grpo | drgrpo | dapo | ppo
     config.train.learning_rate = 3e-3  # default optimizer learning rate of every agent
-    config.train.global_batch_size = 128  # samples per agent per iteration (queries x samples_per_query)
-    config.train.micro_batch_size = 32  # samples per gradient micro-batch; must divide global_batch_size
+    # The global batch, samples per agent per iteration, is workflow.queries_per_iteration x samples_per_query.
+    config.train.micro_batch_size = 32  # samples per gradient micro-batch; must divide the global batch
     config.train.max_staleness = 0  # 0 = strict on-policy; k > 0 lets rollout run k versions ahead
 
     config.mesh = ml_collections.ConfigDict()
@@ -99,8 +99,7 @@ def base_config() -> ml_collections.ConfigDict:
     config.mesh.train_slices = 0  # training slices shared by all agents; 0 = a dedicated slice per agent
 
     config.store = ml_collections.ConfigDict()
-    config.store.backend = "memory"  # memory (TensorStore memory driver) | file (ocdbt under workdir)
-    config.store.path = ""  # durable store location; empty = WORKDIR/store
+    config.store.backend = "memory"  # memory (TensorStore memory driver) | file (ocdbt under WORKDIR/store)
 
     config.pipeline = ml_collections.ConfigDict()
     config.pipeline.mode = "flexmarl"  # serial | sync | flexmarl (see ARCHITECTURE.md)
@@ -120,7 +119,6 @@ def _smoke(config: ml_collections.ConfigDict) -> None:
     config.workflow.queries_per_iteration = 4
     config.workflow.samples_per_query = 4
     config.workflow.warmup_steps = 2
-    config.train.global_batch_size = 16
     config.train.micro_batch_size = 8
 
 

@@ -20,7 +20,7 @@ import pytest  # noqa: E402
 
 @pytest.fixture
 def tiny_config():
-    """The embedded default config, fresh per test."""
-    from flexmarl_jax.config import load_config
+    """The embedded default config, typed (`RunConfig`)."""
+    from flexmarl_jax.config import RunConfig, load_config
 
-    return load_config()
+    return RunConfig.from_config(load_config())

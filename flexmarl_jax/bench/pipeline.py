@@ -83,9 +83,10 @@ GOALS = {"speedup_vs_serial": 3.0, "speedup_vs_sync": 1.1, "store_time_fraction"
 # ------------------------------------------------------------------------------------ one mode
 
 
-def bench_config(workload: Workload, overrides: Mapping[str, str], *, seed: int, workdir: str):
-    """The embedded tiny config with the workload's sizes and one mode's overrides (validated)."""
-    from flexmarl_jax.config import apply_overrides, load_config, validate_config
+def bench_config(workload: Workload, overrides: Mapping[str, str], *, seed: int, workdir: str | None = None):
+    """The embedded tiny config with the workload's sizes and one mode's overrides (`KEY=VALUE` strings,
+    applied to the ConfigDict), as the checked `RunConfig`; `workdir` None keeps the config's."""
+    from flexmarl_jax.config import RunConfig, apply_overrides, load_config
 
     config = load_config()
     apply_overrides(config, {
@@ -94,17 +95,14 @@ def bench_config(workload: Workload, overrides: Mapping[str, str], *, seed: int,
         "workflow.queries_per_iteration": str(workload.queries_per_iteration),
         "workflow.samples_per_query": str(workload.samples_per_query),
         "workflow.warmup_steps": "0",
-        "train.global_batch_size": str(workload.global_batch_size),
         "train.micro_batch_size": str(workload.micro_batch_size),
         "rollout.max_response_length": str(workload.max_response_length),
         "store.backend": "memory",
     })
     apply_overrides(config, dict(overrides))
-    config.workdir = workdir
-    import jax
-
-    validate_config(config, available_devices=jax.device_count())
-    return config
+    if workdir is not None:
+        config.workdir = workdir
+    return RunConfig.from_config(config)
 
 
 def resource_devices(config, rollout) -> dict[str, tuple]:
@@ -153,6 +151,11 @@ class ModeRun:
 
         self.name, self.overrides, self.workload = name, dict(overrides), workload
         self.config = bench_config(workload, overrides, seed=seed, workdir=os.path.join(root, name))
+        import jax
+
+        from flexmarl_jax.config import check_devices
+
+        check_devices(self.config, jax.device_count())
         started = time.perf_counter()
         orchestrator, _trainers, self.raw_store, self.rollout, _ = build_orchestrator(self.config, resume=False)
         self.build_s = time.perf_counter() - started
@@ -418,11 +421,11 @@ def main(argv: list[str] | None = None) -> int:
     overrides = dict(item.split("=", 1) for item in args.set)
     if args.instances_per_agent is not None:
         overrides["rollout.instances_per_agent"] = str(args.instances_per_agent)
-    from flexmarl_jax.config import apply_overrides, devices_needed, load_config
+    from flexmarl_jax.config import devices_needed
 
-    config = load_config()
-    apply_overrides(config, overrides)
-    fake_cpu_devices(max(8, devices_needed(config)))
+    # The workload's config with the --set overrides, checked before JAX starts; the modes change only pipeline
+    # knobs, and devices_needed counts the disaggregated layout, the most any mode binds.
+    fake_cpu_devices(max(8, devices_needed(bench_config(workload, overrides, seed=args.seed))))
     started = time.perf_counter()
     with (tempfile.TemporaryDirectory(prefix="flexmarl-bench-pipeline-") as root,
           compilation_cache(None if args.no_compile_cache else os.path.join(root, "xla-cache"))):

@@ -7,49 +7,19 @@ TensorFlow) happen inside the subcommand that needs them, so `flexmarl --help` s
 from __future__ import annotations
 
 import argparse
+import dataclasses
+import logging
 import os
 import pkgutil
 import sys
 
-from flexmarl_jax.config import ConfigError
+from flexmarl_jax.config.errors import ConfigError
 
 COMMANDS_HELP = """commands:
-  train     run multi-agent RL (default config: the embedded configs/tiny.py)
+  train     run multi-agent RL: --config=PATH[:VARIANT], --config.KEY=VALUE, --workdir=DIR (flexmarl train --help)
   bench     run a benchmark: flexmarl bench NAME [--json PATH] (flexmarl bench --list)
   inspect   summarise a workdir (experience store tables, metrics)
 """
-
-
-def _split_config_args(argv: list[str]) -> tuple[str | None, dict[str, str], list[str]]:
-    """Pulls `--config=SPEC` and `--config.KEY=VALUE` (also space-separated) out of argv."""
-    spec, overrides, rest = None, {}, []
-    items = iter(argv)
-    for item in items:
-        if item == "--config" or item.startswith("--config.") and "=" not in item:
-            try:
-                value = next(items)
-            except StopIteration:
-                raise ConfigError(f"{item} needs a value") from None
-            item = f"{item}={value}"
-        if item.startswith("--config="):
-            spec = item.split("=", 1)[1]
-        elif item.startswith("--config."):
-            key, value = item[len("--config."):].split("=", 1)
-            overrides[key] = value
-        else:
-            rest.append(item)
-    return spec, overrides, rest
-
-
-def resolve_config(argv: list[str]):
-    """Loads, overrides and validates the config named in `argv`; returns (config, remaining args)."""
-    from flexmarl_jax.config import apply_overrides, load_config, validate_config
-
-    spec, overrides, rest = _split_config_args(argv)
-    config = load_config(spec)
-    apply_overrides(config, overrides)
-    validate_config(config)
-    return config, rest
 
 
 def _prepare_devices(fake_cpu_devices: int) -> int:
@@ -66,19 +36,21 @@ def _prepare_devices(fake_cpu_devices: int) -> int:
 
 
 def cmd_train(argv: list[str]) -> int:
-    parser = argparse.ArgumentParser(
-        prog="flexmarl train",
-        description="Multi-agent RL. --config=PATH[:variant] (default: embedded configs/tiny.py), "
-                    "--config.KEY=VALUE overrides, --workdir=DIR.")
-    parser.add_argument("--workdir", default=None, help="run directory (default: config.workdir)")
-    config, rest = resolve_config(argv)  # validate fields before touching JAX
-    args = parser.parse_args(rest)
-    device_count = _prepare_devices(config.mesh.fake_cpu_devices)
-    from flexmarl_jax.config import check_devices
+    """`flexmarl train`: flags parsed and the config built and checked before JAX starts."""
+    from flexmarl_jax.config import RunConfig, check_devices, parse_train_flags
+    from flexmarl_jax.config.cli_flags import train_help
 
-    check_devices(config, device_count)  # the rest was validated above
-    if args.workdir:
-        config.workdir = args.workdir
+    if any(arg in ("-h", "--help", "--helpfull") for arg in argv):
+        print(train_help())
+        return 0
+    parsed = parse_train_flags(argv)
+    config = RunConfig.from_config(parsed.config)  # every field checked before touching JAX
+    if parsed.workdir:
+        config = dataclasses.replace(config, workdir=parsed.workdir)
+    if parsed.log_level is not None:
+        logging.basicConfig(level=parsed.log_level)
+        logging.getLogger().setLevel(parsed.log_level)
+    check_devices(config, _prepare_devices(config.mesh.fake_cpu_devices))
     try:
         from flexmarl_jax.orchestrator.run import run_training
     except ModuleNotFoundError as error:

@@ -1,7 +1,33 @@
-"""Loading, overriding and validating ml-collections configs. Pure Python: never imports JAX."""
+"""The run config: loading files, command-line overrides and the typed, checked schema. Never imports JAX.
 
+    config = RunConfig.from_config(load_config("configs/tiny.py:smoke"))
+
+- `loader.py`: `load_config(PATH[:VARIANT])` -> ml_collections.ConfigDict (the config files' format);
+- `cli_flags.py`: `--config`, `--config.KEY=VALUE`, `--workdir`, `--verbosity` via ml_collections.config_flags,
+  and `apply_overrides` for `KEY=VALUE` strings;
+- `schema.py`: `RunConfig` and its sections (frozen dataclasses; every field has a default, a description
+  and its rule), built by `RunConfig.from_config`; `fields.py`: the machinery; `workflow_checks.py`: the
+  workflow section against the workflow and task registries;
+- `devices.py`: `devices_needed` / `check_devices` once the machine's device count is known.
+"""
+
+from flexmarl_jax.config.cli_flags import apply_overrides, parse_train_flags
+from flexmarl_jax.config.devices import check_devices, devices_needed
 from flexmarl_jax.config.errors import ConfigError
-from flexmarl_jax.config.loader import apply_overrides, load_config
-from flexmarl_jax.config.validate import check_devices, devices_needed, validate_config
+from flexmarl_jax.config.loader import load_config
+from flexmarl_jax.config.schema import (
+    AgentConfig,
+    MeshConfig,
+    PipelineConfig,
+    RolloutConfig,
+    RunConfig,
+    StoreConfig,
+    TrainConfig,
+    WorkflowConfig,
+)
 
-__all__ = ["ConfigError", "apply_overrides", "check_devices", "devices_needed", "load_config", "validate_config"]
+__all__ = [
+    "AgentConfig", "ConfigError", "MeshConfig", "PipelineConfig", "RolloutConfig", "RunConfig", "StoreConfig",
+    "TrainConfig", "WorkflowConfig", "apply_overrides", "check_devices", "devices_needed", "load_config",
+    "parse_train_flags",
+]

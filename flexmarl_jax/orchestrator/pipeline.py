@@ -28,6 +28,7 @@ import numpy as np
 from flexmarl_jax.metrics import GENERATED_TOKENS, REQUESTS, Timeline
 from flexmarl_jax.orchestrator.dispatch import AgentDispatcher, DispatchStats
 from flexmarl_jax.orchestrator.invariants import ConsistencyChecker
+from flexmarl_jax.orchestrator.modes import PIPELINE_MODES
 from flexmarl_jax.orchestrator.shared_training import TrainingPool
 from flexmarl_jax.orchestrator.sink import StoreSink
 from flexmarl_jax.orchestrator.threads import run_threads, threads_running
@@ -39,7 +40,7 @@ from flexmarl_jax.workflows import GenerationBackend, RunResult, SamplingParams,
 
 logger = logging.getLogger(__name__)
 
-MODES = ("serial", "sync", "flexmarl")
+MODES = PIPELINE_MODES
 
 
 @dataclasses.dataclass(frozen=True)

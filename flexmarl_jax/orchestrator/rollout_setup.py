@@ -17,8 +17,7 @@ import threading
 from collections.abc import Callable
 from typing import Any
 
-import ml_collections
-
+from flexmarl_jax.config import RunConfig
 from flexmarl_jax.metrics import Timeline
 from flexmarl_jax.rollout.backend import EngineBackend
 from flexmarl_jax.rollout.balancer import InstanceBalancer
@@ -82,13 +81,13 @@ class RolloutHandle:
                 instance.flush_span()
 
 
-def engine_config_for(config: ml_collections.ConfigDict) -> EngineConfig:
+def engine_config_for(config: RunConfig) -> EngineConfig:
     return EngineConfig(max_concurrent_decodes=config.rollout.decode_slots,
                         max_prefill_length=config.rollout.max_prompt_length,
                         max_decode_length=config.rollout.max_response_length)
 
 
-def build_rollout(config: ml_collections.ConfigDict, layout, trainers, tokenizer, timeline: Timeline) -> RolloutHandle:
+def build_rollout(config: RunConfig, layout, trainers, tokenizer, timeline: Timeline) -> RolloutHandle:
     """One engine instance per (agent, rollout device group), serving the trainer's current weights."""
     engine_config = engine_config_for(config)
     instances: dict[str, list[TimedInstance]] = {}
@@ -110,9 +109,9 @@ def build_rollout(config: ml_collections.ConfigDict, layout, trainers, tokenizer
     return RolloutHandle(backend=backend, sync_weights=backend.update_params, instances=instances)
 
 
-def balancing_settings(config: ml_collections.ConfigDict) -> dict[str, Any]:
-    """The balancing knobs of a validated config."""
-    timeout = float(config.rollout.request_timeout_s)
+def balancing_settings(config: RunConfig) -> dict[str, Any]:
+    """The balancing knobs of a config."""
+    timeout = config.rollout.request_timeout_s
     return {
         "delta": config.pipeline.balance_delta,
         "cooldown_s": config.pipeline.balance_cooldown_s,
@@ -123,7 +122,7 @@ def balancing_settings(config: ml_collections.ConfigDict) -> dict[str, Any]:
     }
 
 
-def build_balanced_backend(config: ml_collections.ConfigDict, instances: dict[str, list[EngineInstance]], tokenizer,
+def build_balanced_backend(config: RunConfig, instances: dict[str, list[EngineInstance]], tokenizer,
                            timeline: Timeline, weights: dict[str, tuple[Any, int]], *, start: bool = True
                            ) -> tuple[RoutedBackend, InstanceBalancer]:
     """Router + balancer over `instances`; `weights` are each agent's (params, version) served now."""

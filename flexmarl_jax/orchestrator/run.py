@@ -1,4 +1,4 @@
-"""`flexmarl train`: builds every component from a validated config and runs the iterations.
+"""`flexmarl train`: builds every component from a checked `RunConfig` and runs the iterations.
 
 Resume: a workdir holding checkpoints continues from the last one. An iteration is atomic: its update is
 applied and checkpointed before its rows are marked consumed, and a run killed mid-iteration redoes that
@@ -15,10 +15,10 @@ import time
 from collections.abc import Mapping
 
 import jax
-import ml_collections
 from jax.sharding import Mesh
 
 from flexmarl_jax import metrics
+from flexmarl_jax.config import RunConfig
 from flexmarl_jax.mesh.layout import layout_devices
 from flexmarl_jax.mesh.meshes import make_mesh
 from flexmarl_jax.models import presets
@@ -44,7 +44,7 @@ logger = logging.getLogger(__name__)
 CHECKPOINT_DIR = "checkpoints"
 
 
-def build_trainers(config: ml_collections.ConfigDict, layout, *, train_meshes: Mapping[str, Mesh] | None = None):
+def build_trainers(config: RunConfig, layout, *, train_meshes: Mapping[str, Mesh] | None = None):
     """agent -> AgentTrainer on that agent's training mesh (or on ``train_meshes[agent]``)."""
     trainers = {}
     for index, agent in enumerate(team_agents(config.workflow)):
@@ -60,14 +60,14 @@ def build_trainers(config: ml_collections.ConfigDict, layout, *, train_meshes: M
     return trainers
 
 
-def sampling_for(config: ml_collections.ConfigDict) -> dict[str, SamplingParams]:
+def sampling_for(config: RunConfig) -> dict[str, SamplingParams]:
     return {agent: SamplingParams(temperature=config.agents[agent].temperature, top_k=config.agents[agent].top_k,
                                   top_p=config.agents[agent].top_p,
                                   max_new_tokens=config.rollout.max_response_length)
             for agent in team_agents(config.workflow)}
 
 
-def agent_layout(config: ml_collections.ConfigDict):
+def agent_layout(config: RunConfig):
     """Each agent's rollout and training devices (`mesh.layout.layout_devices`) for a config. With shared
     training slices (`mesh.train_slices`) agents get no training devices of their own."""
     mesh = config.mesh
@@ -78,7 +78,7 @@ def agent_layout(config: ml_collections.ConfigDict):
                           colocate=config.pipeline.mode == "serial")
 
 
-def build_orchestrator(config: ml_collections.ConfigDict, *, timeline: metrics.Timeline | None = None,
+def build_orchestrator(config: RunConfig, *, timeline: metrics.Timeline | None = None,
                        resume: bool = True):
     """Everything a run needs: (orchestrator, trainers, store, rollout handle, start iteration)."""
     agents = team_agents(config.workflow)
@@ -143,7 +143,7 @@ def build_orchestrator(config: ml_collections.ConfigDict, *, timeline: metrics.T
     return orchestrator, trainers, store, rollout, start
 
 
-def training_slice_meshes(config: ml_collections.ConfigDict, layout, train_slices: int) -> list[Mesh]:
+def training_slice_meshes(config: RunConfig, layout, train_slices: int) -> list[Mesh]:
     """``train_slices`` meshes of ``mesh.train_devices_per_agent`` devices each, from the devices that no
     rollout instance uses (in device order)."""
     used = {device for agent_devices in layout.values() for group in agent_devices.rollout_groups
@@ -201,12 +201,12 @@ def _begin_attempt(orchestrator: JointOrchestrator, journal: RunJournal, iterati
         logger.info("redoing iteration %d (attempt %d); dropped %d unapplied rows", iteration, previous, dropped)
 
 
-def run_training(config: ml_collections.ConfigDict) -> int:
+def run_training(config: RunConfig) -> int:
     """Runs `config.iterations` iterations (resuming from the workdir); returns a process exit code."""
     workdir = config.workdir
     os.makedirs(workdir, exist_ok=True)
     with open(os.path.join(workdir, "config.json"), "w") as handle:
-        handle.write(config.to_json(indent=1))
+        handle.write(config.to_json(indent=1))  # the typed config, every field (RunConfig.to_dict)
     started = time.monotonic()
     orchestrator, trainers, store, rollout, start = build_orchestrator(config)
     timeline = orchestrator.timeline

@@ -1,9 +1,23 @@
-"""Experience store: per-agent versioned tables on TensorStore with exactly-once micro-batch claims."""
+"""Experience store: per-agent versioned tables on TensorStore with exactly-once micro-batch claims.
 
-from flexmarl_jax.store.batch import ClaimedRows
-from flexmarl_jax.store.commit import StoreBrokenError
-from flexmarl_jax.store.layout import store_url
-from flexmarl_jax.store.schema import ALLOWED_TYPES, RowState
-from flexmarl_jax.store.store import ExperienceStore
+Public names are imported lazily, so that `flexmarl_jax.store.backends` (the backend names config validation
+lists) loads without TensorStore.
+"""
 
-__all__ = ["ALLOWED_TYPES", "ExperienceStore", "ClaimedRows", "RowState", "StoreBrokenError", "store_url"]
+import importlib
+
+_EXPORTS = {
+    "ALLOWED_TYPES": "schema",
+    "ExperienceStore": "store",
+    "ClaimedRows": "batch",
+    "RowState": "schema",
+    "StoreBrokenError": "commit",
+    "store_url": "layout",
+}
+__all__ = sorted(_EXPORTS)
+
+
+def __getattr__(name: str):
+    if name not in _EXPORTS:
+        raise AttributeError(f"module 'flexmarl_jax.store' has no attribute {name!r}")
+    return getattr(importlib.import_module(f"flexmarl_jax.store.{_EXPORTS[name]}"), name)

@@ -19,12 +19,13 @@ import os
 import numpy as np
 import tensorstore as ts
 
+from flexmarl_jax.store.backends import STORE_BACKENDS
 from flexmarl_jax.store.schema import VERSION_PREFIX, ColumnSpec
 
 MAX_ROWS = 2**40  # arrays are sparse: unwritten chunks cost nothing
 STORE_DIRNAME = "store"
 SCHEMA_KEY = "schema.json"
-BACKENDS = ("memory", "file")
+BACKENDS = STORE_BACKENDS
 
 
 def store_url(workdir: str) -> str:

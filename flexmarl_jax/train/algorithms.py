@@ -9,6 +9,7 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Callable
 
+from flexmarl_jax.train.algorithm_names import ALGORITHM_NAMES
 from flexmarl_jax.train.losses import LossConfig
 from flexmarl_jax.train.registry import Registry
 
@@ -38,6 +39,10 @@ def _dapo() -> LossConfig:
 def _ppo() -> LossConfig:
     """PPO: GAE advantages from a critic with a value head, clipped surrogate and value loss."""
     return LossConfig(name="ppo", aggregation="token_mean")
+
+
+if ALGORITHMS.names() != sorted(ALGORITHM_NAMES):  # config validation lists ALGORITHM_NAMES without JAX
+    raise ImportError(f"registered algorithms {ALGORITHMS.names()} != ALGORITHM_NAMES {sorted(ALGORITHM_NAMES)}")
 
 
 def loss_config_for(algorithm: str, **overrides) -> LossConfig:

@@ -1,4 +1,4 @@
-"""TrainerConfig for one agent from the run's ml-collections config (`configs/tiny.py` schema).
+"""TrainerConfig for one agent from the run's typed config (`flexmarl_jax.config.RunConfig`).
 
 Reads only: train.{algorithm, learning_rate, micro_batch_size, max_staleness},
 rollout.{max_prompt_length, max_response_length} and agents.<name>.learning_rate.
@@ -6,27 +6,32 @@ rollout.{max_prompt_length, max_response_length} and agents.<name>.learning_rate
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from flexmarl_jax.train.algorithms import loss_config_for
 from flexmarl_jax.train.optim import OptimizerConfig
 from flexmarl_jax.train.trainer import TrainerConfig
+
+if TYPE_CHECKING:
+    from flexmarl_jax.config import RunConfig
 
 # Cap of the truncated importance weight pi_old / pi_behaviour when rollout may run ahead.
 DEFAULT_TIS_CAP = 2.0
 
 
-def trainer_config_for(config, agent: str, **loss_overrides) -> TrainerConfig:
+def trainer_config_for(config: RunConfig, agent: str, **loss_overrides) -> TrainerConfig:
     """The TrainerConfig of ``agent``: its own learning rate (or train.learning_rate when -1), the
     run's algorithm, static shape ``[micro_batch_size, max_prompt_length + max_response_length - 1]``,
     and truncated IS switched on when ``max_staleness > 0``."""
     if agent not in config.agents:
         raise ValueError(f"unknown agent {agent!r}; configured agents: {sorted(config.agents)}")
-    agent_lr = float(config.agents[agent].learning_rate)
-    learning_rate = agent_lr if agent_lr > 0 else float(config.train.learning_rate)
+    agent_lr = config.agents[agent].learning_rate
+    learning_rate = agent_lr if agent_lr > 0 else config.train.learning_rate
     if config.train.max_staleness > 0:
         loss_overrides.setdefault("tis_cap", DEFAULT_TIS_CAP)
     return TrainerConfig(
-        micro_batch_size=int(config.train.micro_batch_size),
-        max_len=int(config.rollout.max_prompt_length + config.rollout.max_response_length - 1),
+        micro_batch_size=config.train.micro_batch_size,
+        max_len=config.rollout.max_prompt_length + config.rollout.max_response_length - 1,
         loss=loss_config_for(config.train.algorithm, **loss_overrides),
         optimizer=OptimizerConfig(learning_rate=learning_rate),
     )

@@ -1,4 +1,4 @@
-"""The workflow and task a config describes (`config.workflow`), built from plain config values.
+"""The workflow and task a config describes (`config.workflow`, a `WorkflowConfig`), built from its values.
 
 Pure Python (no JAX), so config validation can build both once and report their errors before any work.
 
@@ -15,12 +15,15 @@ from __future__ import annotations
 
 import dataclasses
 import inspect
-from collections.abc import Mapping
-from typing import Any
+from typing import TYPE_CHECKING
 
+from flexmarl_jax.config.fields import thaw
 from flexmarl_jax.workflows.builtin import build_configured_workflow
 from flexmarl_jax.workflows.graph import Workflow
 from flexmarl_jax.workflows.tasks import TASK_BUILDERS, Task, resolve_task
+
+if TYPE_CHECKING:
+    from flexmarl_jax.config.schema import WorkflowConfig
 
 # The config file each built-in workflow ships with: where to start when switching workflows.
 SHIPPED_CONFIGS = {
@@ -31,21 +34,13 @@ SHIPPED_CONFIGS = {
 }
 
 
-def _plain(section: Any) -> dict[str, Any]:
-    """A ConfigDict (or mapping) as a plain dict of plain values; tuples of dicts stay tuples of dicts."""
-    if section is None:
-        return {}
-    to_dict = getattr(section, "to_dict", None)
-    return dict(to_dict() if to_dict is not None else section)
-
-
-def workflow_from_config(workflow_config) -> Workflow:
+def workflow_from_config(workflow_config: WorkflowConfig) -> Workflow:
     """The workflow `config.workflow` describes (name, options, roles, shaping_weights)."""
     return build_configured_workflow(
         workflow_config.name,
-        options=_plain(workflow_config.options),
-        roles=_plain(workflow_config.roles),
-        shaping_weights=_plain(workflow_config.shaping_weights),
+        options=thaw(workflow_config.options),
+        roles=thaw(workflow_config.roles),
+        shaping_weights=thaw(workflow_config.shaping_weights),
     )
 
 
@@ -64,12 +59,12 @@ def task_option_names(name: str) -> set[str]:
     return set(inspect.signature(builder).parameters) - {"path"}
 
 
-def task_from_config(workflow_config) -> Task:
+def task_from_config(workflow_config: WorkflowConfig) -> Task:
     """The task `config.workflow.task` names, with its own section of `config.workflow.task_options`."""
-    options: Mapping[str, Any] = _plain(workflow_config.task_options).get(task_key(workflow_config.task), {})
-    return resolve_task(workflow_config.task, **_plain(options))
+    options = workflow_config.task_options.get(task_key(workflow_config.task), {})
+    return resolve_task(workflow_config.task, **thaw(options))
 
 
-def team_agents(workflow_config) -> tuple[str, ...]:
+def team_agents(workflow_config: WorkflowConfig) -> tuple[str, ...]:
     """The agents a config's workflow calls, in first-call order (the order trainers are seeded in)."""
     return workflow_from_config(workflow_config).agents

@@ -39,3 +39,52 @@ def test_unknown_command_and_benchmark(capsys):
     assert "unknown command 'frobnicate'" in capsys.readouterr().err
     assert main(["bench", "nope"]) == 2
     assert "unknown benchmark 'nope'" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("args, fragment", [
+    (["--config.workflow.nonsense=1"], "'workflow' has no field 'nonsense'; known: name, options"),
+    (["--config.train.micro_batch_size=abc"], "config.train.micro_batch_size='abc' is not an int"),
+    (["--config.pipeline.balancing=maybe"], "config.pipeline.balancing='maybe' is not a bool; allowed: true, false"),
+    (["--config.train"], "config.train is a section"),
+    (["--config.pipeline.mode=turbo"], "config.pipeline.mode='turbo' is not allowed; choose one of: serial, sync"),
+    (["--config.train.algorithm=sft"], "config.train.algorithm='sft' is not allowed; choose one of: grpo, drgrpo"),
+    (["--config.store.backend=disk"], "config.store.backend='disk' is not allowed; choose one of: memory, file"),
+    (["--config.workflow.task=sudoku"], "config.workflow.task='sudoku' is not allowed; choose one of: arithmetic"),
+    (["--config=configs/tiny.py:nope"], "unknown variant 'nope' of configs/tiny.py; allowed: sync"),
+    (["--config.train.micro_batch_size"], "--config.train.micro_batch_size needs a value"),  # nothing follows
+    (["--wrkdir=runs/x"], "unknown flag --wrkdir"),
+    (["--config.pipeline.balancing", "false", "stray"], "unexpected argument(s) ['stray']"),
+])
+def test_bad_input_stops_before_any_work_in_process(capsys, args, fragment):
+    # In-process, with pytest's own sys.argv: the flags must come from `argv`, never from sys.argv.
+    assert main(["train", *args]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and fragment in err and err.startswith("flexmarl train: config error: ")
+
+
+def test_flags_are_parsed_from_the_given_argv_space_separated_too():
+    from flexmarl_jax.config import ConfigError, RunConfig, parse_train_flags
+
+    parsed = parse_train_flags(["--config.train.micro_batch_size", "16", "--config.pipeline.balancing", "false",
+                                "--noconfig.pipeline.async_micro_batches", "--config", "configs/debate.py:judge",
+                                "--config.train.max_staleness", "-1", "--workdir", "runs/x", "-v", "1"])
+    assert parsed.workdir == "runs/x" and parsed.verbosity == 1 and parsed.log_level == 10
+    config = parsed.config
+    assert config.workflow.options.aggregate == "judge"  # --config after its overrides still applies first
+    assert config.train.micro_batch_size == 16 and config.train.max_staleness == -1
+    assert config.pipeline.balancing is False and config.pipeline.async_micro_batches is False
+    with pytest.raises(ConfigError, match="max_staleness=-1 must be >= 0"):
+        RunConfig.from_config(config)
+    assert parse_train_flags([]).config.workflow.name == "chain"  # the embedded default
+    assert parse_train_flags([]).verbosity is None
+
+
+def test_train_help_lists_every_field_without_jax():
+    code = ("import sys; from flexmarl_jax.cli.main import main; main(['train', '--help']); "
+            "print(sorted(m for m in ('jax', 'tensorflow', 'jetstream') if m in sys.modules))")
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert result.returncode == 0
+    lines = result.stdout.strip().splitlines()
+    assert lines[-1] == "[]"
+    assert any(line.startswith("  train.micro_batch_size: ") for line in lines)
+    assert any(line.startswith("  agents.*.temperature: ") for line in lines)

@@ -1,4 +1,4 @@
-"""Validation names the field, the value and the rule, in one line."""
+"""Building the typed config checks every field: one line naming the field, the value and the rule."""
 
 import importlib
 import pathlib
@@ -6,19 +6,19 @@ import pathlib
 import ml_collections
 import pytest
 
-from flexmarl_jax.config import ConfigError, apply_overrides, devices_needed, load_config, validate_config
+from flexmarl_jax.config import ConfigError, RunConfig, apply_overrides, check_devices, devices_needed, load_config
 
 
-def _validate(overrides, devices=8):
-    config = apply_overrides(load_config(), overrides)
-    validate_config(config, available_devices=devices)
+def _build(spec=None, overrides=None, devices=8) -> RunConfig:
+    config = RunConfig.from_config(apply_overrides(load_config(spec), overrides or {}))
+    check_devices(config, devices)
+    return config
 
 
 @pytest.mark.parametrize("overrides, fragment", [
     ({"train.micro_batch_size": "-1"}, "config.train.micro_batch_size=-1 must be a positive integer"),
     ({"train.micro_batch_size": "48"}, "micro_batch_size=48 must divide train.global_batch_size=128"),
     ({"train.micro_batch_size": "4"}, "must be a multiple of the GRPO group size"),
-    ({"train.global_batch_size": "64"}, "must equal workflow.queries_per_iteration x"),
     ({"rollout.decode_slots": "0"}, "rollout.decode_slots=0 must be a positive integer"),
     ({"pipeline.mode": "turbo"}, "pipeline.mode='turbo' is not allowed; choose one of: serial, sync, flexmarl"),
     ({"train.algorithm": "sft"}, "train.algorithm='sft' is not allowed"),
@@ -33,18 +33,17 @@ def _validate(overrides, devices=8):
 ])
 def test_bad_values(overrides, fragment):
     with pytest.raises(ConfigError) as error:
-        _validate(overrides)
+        _build(overrides=overrides)
     assert fragment in str(error.value)
     assert "\n" not in str(error.value)
 
 
 def test_mesh_larger_than_the_machine():
-    overrides = {"mesh.train_devices_per_agent": "20"}
-    config = apply_overrides(load_config(), overrides)
+    config = RunConfig.from_config(apply_overrides(load_config(), {"mesh.train_devices_per_agent": "20"}))
     assert devices_needed(config) == 3 * (1 * 1 + 20)
     with pytest.raises(ConfigError, match=r"config.mesh needs 63 devices .* but 8 exist"):
-        validate_config(config, available_devices=8)
-    validate_config(config, available_devices=64)  # the same config fits a bigger machine
+        check_devices(config, 8)
+    check_devices(config, 64)  # the same config fits a bigger machine
 
 
 def test_unknown_and_mistyped_fields_in_a_config_file():
@@ -52,11 +51,16 @@ def test_unknown_and_mistyped_fields_in_a_config_file():
     with config.unlocked():
         config.train.nonsense = 1
     with pytest.raises(ConfigError, match="unknown config key 'train.nonsense'"):
-        validate_config(config)
+        RunConfig.from_config(config)
     config = load_config()
     config.agents.solver = ml_collections.ConfigDict({"model": "tiny"})
     with pytest.raises(ConfigError, match="missing config key 'agents.solver.temperature'"):
-        validate_config(config)
+        RunConfig.from_config(config)
+    config = load_config()
+    with config.ignore_type():
+        config.train.micro_batch_size = "32"
+    with pytest.raises(ConfigError, match="config.train.micro_batch_size='32' has type str; expected int"):
+        RunConfig.from_config(config)
 
 
 CONFIG_FILES = sorted(path.name for path in pathlib.Path("configs").glob("*.py") if path.name != "__init__.py")
@@ -67,14 +71,13 @@ def test_every_variant_of_every_config_file_is_valid(name):
     module = importlib.import_module(f"flexmarl_jax.configs.{name[:-3]}")
     assert module.VARIANTS, name
     for variant in ("", *module.VARIANTS):
-        validate_config(load_config(f"configs/{name}:{variant}"), available_devices=8)
+        _build(f"configs/{name}:{variant}")
 
 
 def test_variants_combine():
-    config = load_config("configs/debate.py:judge,sync,smoke")
-    assert config.workflow.options.aggregate == "judge" and config.pipeline.mode == "sync"
+    config = _build("configs/debate.py:judge,sync,smoke")
+    assert config.workflow.options["aggregate"] == "judge" and config.pipeline.mode == "sync"
     assert config.iterations == 2 and "judge" in config.agents
-    validate_config(config, available_devices=8)
 
 
 @pytest.mark.parametrize("overrides, fragment", [
@@ -83,7 +86,8 @@ def test_variants_combine():
      "play no role (role -> agent: solver->verifier, verifier->verifier, corrector->corrector)"),
     ({"workflow.roles.verifier": "critic"}, "roles are played by undeclared agent(s) ['critic']"),
     ({"workflow.task_options.arithmetic.max_digits": "0"}, "max_digits=0"),
-    ({"workflow.task": "sudoku"}, "config.workflow.task='sudoku'"),
+    ({"workflow.task": "sudoku"},
+     "config.workflow.task='sudoku' is not allowed; choose one of: arithmetic, countdown, reverse or a path"),
     ({"workflow.task": "missing.jsonl"}, "config.workflow.task='missing.jsonl' with task_options.jsonl"),
     ({"workflow.options.corrector_runs": "sometimes"}, "unknown condition 'sometimes'"),
     # Switching workflows keeps chain's sections: one line says what the new workflow takes and where to start.
@@ -97,7 +101,7 @@ def test_variants_combine():
 ])
 def test_bad_workflow_settings(overrides, fragment):
     with pytest.raises(ConfigError) as error:
-        _validate(overrides)
+        _build(overrides=overrides)
     assert fragment in str(error.value)
     assert "\n" not in str(error.value)
 
@@ -108,24 +112,23 @@ def test_task_options_belong_to_their_task():
         config.workflow.task_options.arithmetic.max_number = 3
     with pytest.raises(ConfigError, match=r"task_options.arithmetic: task 'arithmetic' has no option\(s\) "
                                           r"\['max_number'\]; allowed: .*max_answer"):
-        validate_config(config)
+        RunConfig.from_config(config)
     config = load_config()
     with config.unlocked():
         config.workflow.task_options.sudoku = ml_collections.ConfigDict({"size": 9})
     with pytest.raises(ConfigError, match=r"task_options.sudoku: no task 'sudoku'; tasks: arithmetic, countdown"):
-        validate_config(config)
+        RunConfig.from_config(config)
 
 
 @pytest.mark.parametrize("task", ["countdown", "reverse", "arithmetic"])
 def test_switching_the_task_uses_that_tasks_own_options(task):
     from flexmarl_jax.workflows.from_config import task_from_config
 
-    config = apply_overrides(load_config(), {"workflow.task": task})
-    validate_config(config, available_devices=8)
+    config = _build(overrides={"workflow.task": task})
     built = task_from_config(config.workflow)
     assert built.name == task
     if task == "countdown":
-        assert built.max_number == config.workflow.task_options.countdown.max_number
+        assert built.max_number == config.workflow.task_options["countdown"]["max_number"]
 
 
 def test_switching_the_task_to_a_jsonl_file(tmp_path):
@@ -133,18 +136,16 @@ def test_switching_the_task_to_a_jsonl_file(tmp_path):
 
     path = tmp_path / "sums.jsonl"
     path.write_text('{"prompt": "1+2=", "answer": "3"}\n')
-    config = apply_overrides(load_config(), {"workflow.task": str(path)})
-    validate_config(config, available_devices=8)
+    config = _build(overrides={"workflow.task": str(path)})
     built = task_from_config(config.workflow)
-    assert built.verifier_name == config.workflow.task_options.jsonl.verifier == "numeric"
+    assert built.verifier_name == config.workflow.task_options["jsonl"]["verifier"] == "numeric"
     assert built.verify(built.generate(1, seed=0)[0], "3.0")
 
 
 def test_shared_roles_make_one_agent():
     from flexmarl_jax.workflows.from_config import team_agents, workflow_from_config
 
-    config = load_config("configs/debate.py:shared")
-    validate_config(config, available_devices=8)
+    config = _build("configs/debate.py:shared")
     assert team_agents(config.workflow) == ("debater", "debater2")
     workflow = workflow_from_config(config.workflow)
     played = [workflow.nodes[node].agent for node in workflow.order]

@@ -4,14 +4,14 @@ import jax
 import numpy as np
 import pytest
 
-from flexmarl_jax.config import apply_overrides, load_config
+from flexmarl_jax.config import RunConfig, apply_overrides, load_config
 from flexmarl_jax.orchestrator.run import build_orchestrator
 
 
 def _params_after_two_iterations(mode, workdir):
-    config = apply_overrides(load_config("configs/tiny.py:smoke"), {
+    config = RunConfig.from_config(apply_overrides(load_config("configs/tiny.py:smoke"), {
         "pipeline.mode": mode, "workdir": str(workdir), "pipeline.balancing": "false",
-        "pipeline.debug_invariants": "true"})
+        "pipeline.debug_invariants": "true"}))
     orchestrator, trainers, store, rollout, _ = build_orchestrator(config, resume=False)
     orchestrator.on_update_applied = None  # no checkpoints needed here
     try:

@@ -1,22 +1,32 @@
+import dataclasses
+
 import pytest
 
 from flexmarl_jax.train.from_config import DEFAULT_TIS_CAP, trainer_config_for
 
 
 def test_agent_learning_rate_and_shapes(tiny_config):
-    tiny_config.agents.verifier.learning_rate = 5e-4
-    tiny_config.train.algorithm = "dapo"
-    solver, verifier = (trainer_config_for(tiny_config, name) for name in ("solver", "verifier"))
-    assert solver.optimizer.learning_rate == tiny_config.train.learning_rate
+    verifier = dataclasses.replace(tiny_config.agents["verifier"], learning_rate=5e-4)
+    config = dataclasses.replace(tiny_config, agents={**tiny_config.agents, "verifier": verifier},
+                                 train=dataclasses.replace(tiny_config.train, algorithm="dapo"))
+    solver, verifier = (trainer_config_for(config, name) for name in ("solver", "verifier"))
+    assert solver.optimizer.learning_rate == config.train.learning_rate
     assert verifier.optimizer.learning_rate == 5e-4
-    assert solver.micro_batch_size == tiny_config.train.micro_batch_size
-    assert solver.max_len == tiny_config.rollout.max_prompt_length + tiny_config.rollout.max_response_length - 1
+    assert solver.micro_batch_size == config.train.micro_batch_size
+    assert solver.max_len == config.rollout.max_prompt_length + config.rollout.max_response_length - 1
     assert solver.loss.clip_eps_high == 0.28 and solver.loss.tis_cap is None
 
 
 def test_staleness_turns_on_truncated_is(tiny_config):
-    tiny_config.train.max_staleness = 1
-    assert trainer_config_for(tiny_config, "solver").loss.tis_cap == DEFAULT_TIS_CAP
-    assert trainer_config_for(tiny_config, "solver", kl_coef=0.1).loss.kl_coef == 0.1
+    config = dataclasses.replace(tiny_config, train=dataclasses.replace(tiny_config.train, max_staleness=1))
+    assert trainer_config_for(config, "solver").loss.tis_cap == DEFAULT_TIS_CAP
+    assert trainer_config_for(config, "solver", kl_coef=0.1).loss.kl_coef == 0.1
     with pytest.raises(ValueError, match="unknown agent 'critic'; configured agents"):
-        trainer_config_for(tiny_config, "critic")
+        trainer_config_for(config, "critic")
+
+
+def test_algorithm_names_match_the_registry():
+    from flexmarl_jax.train.algorithm_names import ALGORITHM_NAMES
+    from flexmarl_jax.train.algorithms import ALGORITHMS
+
+    assert ALGORITHMS.names() == sorted(ALGORITHM_NAMES)

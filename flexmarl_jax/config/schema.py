@@ -1,0 +1,255 @@
+"""The typed run config: one frozen dataclass per section, built once from a loaded ConfigDict.
+
+    config = RunConfig.from_config(load_config("configs/debate.py:judge"))
+
+`RunConfig.from_config` rejects keys the schema lacks and fields the ConfigDict lacks; constructing a
+`RunConfig` (also through `dataclasses.replace`) checks every field against the rule and registry next to it
+(`fields.setting`) and then the rules that span sections (`RunConfig.check`), raising one-line `ConfigError`s.
+Allowed names come from the registries (workflows, tasks, pipeline modes, store backends, algorithms), all
+importable without JAX. Free-form sections (`agents`, `workflow.options`, `roles`, `task_options`,
+`shaping_weights`) are read-only mappings; the workflow's registry entry checks them (`workflow_checks.py`).
+
+This module does not use `from __future__ import annotations`: the field types are read at run time.
+"""
+
+import dataclasses
+import json
+import os
+from collections.abc import Mapping
+from typing import Any
+
+from flexmarl_jax.config.errors import ConfigError
+from flexmarl_jax.config.fields import (
+    Section,
+    above_zero,
+    at_least_zero,
+    build_section,
+    check_section,
+    positive,
+    setting,
+)
+
+_frozen = dataclasses.dataclass(frozen=True)
+
+
+# ------------------------------------------------------------------------------------ registries
+
+
+def _workflow_names() -> list[str]:
+    from flexmarl_jax.workflows.builtin import WORKFLOW_BUILDERS
+
+    return sorted(WORKFLOW_BUILDERS)
+
+
+def _pipeline_modes() -> tuple[str, ...]:
+    from flexmarl_jax.orchestrator.modes import PIPELINE_MODES
+
+    return PIPELINE_MODES
+
+
+def _store_backends() -> tuple[str, ...]:
+    from flexmarl_jax.store.backends import STORE_BACKENDS
+
+    return STORE_BACKENDS
+
+
+def _algorithm_names() -> tuple[str, ...]:
+    from flexmarl_jax.train.algorithm_names import ALGORITHM_NAMES
+
+    return ALGORITHM_NAMES
+
+
+def _task_rule(task: str) -> str | None:
+    """A registered task, or a path ending in .jsonl (read by the `jsonl` task)."""
+    from flexmarl_jax.workflows.tasks import TASK_BUILDERS
+
+    if task.endswith(".jsonl") or task in TASK_BUILDERS and task != "jsonl":
+        return None
+    names = sorted(set(TASK_BUILDERS) - {"jsonl"})
+    return f"is not allowed; choose one of: {', '.join(names)} or a path ending in .jsonl"
+
+
+def _model_rule(model: str) -> str | None:
+    """A model preset or a local Hugging Face checkpoint directory."""
+    if os.path.isdir(model):
+        return None if os.path.isfile(os.path.join(model, "config.json")) else "is a directory without config.json"
+    try:
+        from flexmarl_jax.models import presets
+    except ImportError:  # the model package is optional for config-only use
+        return None
+    if model in presets.PRESETS:
+        return None
+    return f"is neither a model preset nor a checkpoint directory; presets: {', '.join(sorted(presets.PRESETS))}"
+
+
+# ------------------------------------------------------------------------------------ sections
+
+
+@_frozen
+class AgentConfig(Section):
+    """One agent (`config.agents.<name>`): its model and how rollouts sample from it."""
+
+    model: str = setting("tiny", rule=_model_rule,
+                         help="model preset name (flexmarl_jax.models.presets) or a local HF checkpoint dir")
+    temperature: float = setting(1.0, rule=above_zero, help="sampling temperature used for rollouts")
+    top_k: int = setting(0, help="keep the k most likely tokens; 0 = no top-k filter",
+                         rule=lambda k: None if k >= 0 else "must be >= 0 (0 disables top-k)")
+    top_p: float = setting(1.0, help="nucleus sampling mass in (0, 1]",
+                           rule=lambda p: None if 0 < p <= 1 else "must be in (0, 1]")
+    learning_rate: float = setting(
+        -1.0, help="this agent's learning rate; -1 = use train.learning_rate",
+        rule=lambda lr: None if lr == -1.0 or lr > 0 else "must be > 0 or -1 (use train.learning_rate)")
+
+
+def _chain_agents() -> dict[str, AgentConfig]:
+    return {name: AgentConfig() for name in ("solver", "verifier", "corrector")}
+
+
+@_frozen
+class WorkflowConfig(Section):
+    """The team's workflow and its task (`config.workflow`; see flexmarl_jax/workflows/from_config.py)."""
+
+    name: str = setting("chain", choices=_workflow_names, help="a registered workflow (workflows/builtin.py)")
+    options: Mapping[str, Any] = setting(factory=dict, help="the workflow builder's own arguments; role "
+                                         "arguments hold role names; empty = the builder's defaults")
+    roles: Mapping[str, str] = setting(factory=dict, help="role -> agent that plays it; a role not listed is "
+                                       "played by the agent of its name")
+    task: str = setting("arithmetic", rule=_task_rule, help="a registered task or a path to a .jsonl file")
+    task_options: Mapping[str, Mapping[str, Any]] = setting(
+        factory=dict, help="task -> its constructor arguments; only the selected task's section is read")
+    shaping_weights: Mapping[str, float] = setting(
+        factory=dict, help="per-agent reward shaping term -> weight; terms not listed keep the workflow default")
+    queries_per_iteration: int = setting(16, rule=positive, help="distinct queries rolled out per iteration")
+    samples_per_query: int = setting(8, rule=positive, help="trajectories per query (the GRPO group size)")
+    warmup_steps: int = setting(150, rule=at_least_zero,
+                                help="format-only supervised warm-up steps before the first RL iteration")
+
+
+@_frozen
+class RolloutConfig(Section):
+    """Engine instances and request handling (`config.rollout`)."""
+
+    instances_per_agent: int = setting(1, rule=positive, help="engine instances serving each agent")
+    decode_slots: int = setting(32, rule=positive, help="concurrent sequences per engine instance")
+    max_prompt_length: int = setting(32, rule=positive, help="prompt tokens; longer prompts are an error")
+    max_response_length: int = setting(8, rule=positive, help="max new tokens per call")
+    min_instances_per_agent: int = setting(1, rule=positive,
+                                           help="balancing never leaves an agent with fewer instances")
+    request_timeout_s: float = setting(0.0, rule=at_least_zero,
+                                       help="cancel and re-queue a request running longer; 0 = no timeout")
+    max_retries: int = setting(2, rule=at_least_zero,
+                               help="re-queues of a timed-out request before it is reported failed")
+
+    def check(self, path: str) -> None:
+        if self.min_instances_per_agent > self.instances_per_agent:
+            raise ConfigError(f"config.{path}.min_instances_per_agent={self.min_instances_per_agent} exceeds "
+                              f"{path}.instances_per_agent={self.instances_per_agent}: an agent cannot keep "
+                              "more instances than it starts with")
+
+
+@_frozen
+class TrainConfig(Section):
+    """The policy update (`config.train`). The global batch, queries x samples per query, is
+    `RunConfig.global_batch_size`."""
+
+    algorithm: str = setting("grpo", choices=_algorithm_names, help="RL algorithm (train/algorithms.py)")
+    learning_rate: float = setting(3e-3, rule=above_zero, help="default optimizer learning rate of every agent")
+    micro_batch_size: int = setting(32, rule=positive, help="samples per gradient micro-batch; divides the "
+                                    "global batch and is a multiple of workflow.samples_per_query")
+    max_staleness: int = setting(0, rule=at_least_zero,
+                                 help="0 = strict on-policy; k > 0 lets rollout run k versions ahead")
+
+
+@_frozen
+class MeshConfig(Section):
+    """Devices (`config.mesh`)."""
+
+    fake_cpu_devices: int = setting(8, rule=positive,
+                                    help="on a CPU host, fake this many XLA devices (ignored on TPU/GPU)")
+    rollout_devices_per_instance: int = setting(1, rule=positive, help="devices under each engine instance")
+    train_devices_per_agent: int = setting(1, rule=positive,
+                                           help="devices in each agent's training mesh (fsdp x tp)")
+    tp: int = setting(1, rule=positive, help="tensor-parallel degree inside a training mesh")
+    train_slices: int = setting(0, help="training slices shared by all agents; 0 = a dedicated slice per agent")
+
+    def check(self, path: str) -> None:
+        if self.train_devices_per_agent % self.tp:
+            raise ConfigError(f"config.{path}.tp={self.tp} must divide "
+                              f"{path}.train_devices_per_agent={self.train_devices_per_agent}")
+
+
+@_frozen
+class StoreConfig(Section):
+    """The experience store (`config.store`); it lives under the workdir."""
+
+    backend: str = setting("memory", choices=_store_backends, help="where the tables live: memory (TensorStore's "
+                           "memory driver) or file (OCDBT in WORKDIR/store)")
+
+
+@_frozen
+class PipelineConfig(Section):
+    """How rollout and training overlap (`config.pipeline`)."""
+
+    mode: str = setting("flexmarl", choices=_pipeline_modes,
+                        help="pipeline mode (orchestrator/modes.py, ARCHITECTURE.md)")
+    async_micro_batches: bool = setting(True, help="flexmarl only: train micro-batches while rollout runs")
+    balancing: bool = setting(True, help="flexmarl only: hierarchical load balancing across instances")
+    balance_delta: int = setting(5, rule=positive,
+                                 help="move instances when max - min agent queue length exceeds this")
+    balance_cooldown_s: float = setting(1.0, rule=at_least_zero,
+                                        help="a moved instance stays with its new agent at least this long")
+    balance_poll_s: float = setting(0.02, rule=above_zero, help="how often the balancer polls queue lengths")
+    debug_invariants: bool = setting(False, help="check consistency invariants at run time (slower)")
+
+
+@_frozen
+class RunConfig(Section):
+    """A whole run. Built from a ConfigDict by `from_config`; every construction checks every rule."""
+
+    seed: int = setting(0, help="one seed drives task generation, parameter init, sampling and shuffling")
+    workdir: str = setting("runs/tiny", help="metrics.jsonl, plots, checkpoints and the store live here")
+    iterations: int = setting(200, rule=positive, help="RL iterations (one policy update per agent each)")
+    agents: Mapping[str, AgentConfig] = setting(factory=_chain_agents, help="agent name -> its settings")
+    workflow: WorkflowConfig = setting(factory=WorkflowConfig, help="the workflow, its roles and its task")
+    rollout: RolloutConfig = setting(factory=RolloutConfig, help="engine instances and request handling")
+    train: TrainConfig = setting(factory=TrainConfig, help="the policy update")
+    mesh: MeshConfig = setting(factory=MeshConfig, help="devices")
+    store: StoreConfig = setting(factory=StoreConfig, help="the experience store")
+    pipeline: PipelineConfig = setting(factory=PipelineConfig, help="how rollout and training overlap")
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        check_section(self, "")
+
+    @classmethod
+    def from_config(cls, config) -> "RunConfig":
+        """The typed config of a loaded ConfigDict (or a plain nested dict); raises ConfigError."""
+        values = config.to_dict() if hasattr(config, "to_dict") else config
+        return build_section(cls, values, "")
+
+    @property
+    def global_batch_size(self) -> int:
+        """Samples per agent per iteration: workflow.queries_per_iteration x workflow.samples_per_query."""
+        return self.workflow.queries_per_iteration * self.workflow.samples_per_query
+
+    def check(self, path: str) -> None:
+        """The rules that span sections (after every field passed its own)."""
+        from flexmarl_jax.config.workflow_checks import check_workflow
+
+        if not self.agents:
+            raise ConfigError("config.agents is empty; declare at least one agent")
+        check_workflow(self.workflow, tuple(self.agents))
+        train, samples = self.train, self.global_batch_size
+        if samples % train.micro_batch_size:
+            raise ConfigError(f"config.train.micro_batch_size={train.micro_batch_size} must divide "
+                              f"train.global_batch_size={samples} (workflow.queries_per_iteration x "
+                              "workflow.samples_per_query)")
+        if train.micro_batch_size % self.workflow.samples_per_query:
+            raise ConfigError(f"config.train.micro_batch_size={train.micro_batch_size} must be a multiple of the "
+                              f"GRPO group size workflow.samples_per_query={self.workflow.samples_per_query}")
+        if not 0 <= self.mesh.train_slices <= len(self.agents):
+            raise ConfigError(f"config.mesh.train_slices={self.mesh.train_slices} must be in 0..{len(self.agents)} "
+                              "(the number of agents; 0 = a dedicated training slice per agent)")
+
+    def to_json(self, indent: int | None = 1) -> str:
+        return json.dumps(self.to_dict(), indent=indent)
