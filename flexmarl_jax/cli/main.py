@@ -50,15 +50,13 @@ def cmd_train(argv: list[str]) -> int:
     if parsed.log_level is not None:
         logging.basicConfig(level=parsed.log_level)
         logging.getLogger().setLevel(parsed.log_level)
+    if parsed.verbosity is not None:  # also brings back the native libraries' INFO lines (jetstream_compat)
+        from absl import logging as absl_logging
+
+        absl_logging.set_verbosity(parsed.verbosity)
     check_devices(config, _prepare_devices(config.mesh.fake_cpu_devices))
-    try:
-        from flexmarl_jax.orchestrator.run import run_training
-    except ModuleNotFoundError as error:
-        if not error.name.startswith("flexmarl_jax.orchestrator"):
-            raise
-        print("flexmarl train: the config is valid, but the training pipeline (issue [orchestrator]) has not "
-              "landed yet; nothing was trained.", file=sys.stderr)
-        return 3
+    from flexmarl_jax.orchestrator.run import run_training
+
     return run_training(config)
 
 

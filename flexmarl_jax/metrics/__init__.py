@@ -43,10 +43,9 @@ Usage::
                 push_weights_to_rollout(...)
             t1 = timeline.now()
             record = {
-                "iteration": iteration, "team_accuracy": accuracy, "e2e_s": t1 - t0,
-                **timeline.time_split(t0, t1),  # rollout_s, train_s, sync_s, other_s (sum = e2e_s)
-                "tokens_per_s": timeline.counter_rate(metrics.GENERATED_TOKENS, t0, t1),
-                "utilization": timeline.utilization_report(t0, t1),  # {"rollout": .., "train": .., ...}
+                "iteration": iteration, "team_accuracy": accuracy,
+                # e2e_s, rollout_s + train_s + sync_s + other_s (= e2e_s), tokens_per_s, utilization
+                **timeline.iteration_timing(t0, t1, generated_tokens),
                 "agent": {"solver": {"reward": r, "accuracy": a, "kl": kl, "clip_frac": c, "entropy": h}},
             }
             writer.write(record)                           # numpy / jax scalars are fine

@@ -87,6 +87,13 @@ class TimelineAccounting:
         report["resources"] = per_resource
         return report
 
+    def iteration_timing(self, t0: float, t1: float, generated_tokens: int) -> dict[str, Any]:
+        """The wall-clock fields of an iteration's metrics record over [t0, t1]: `e2e_s`, its split
+        (`rollout_s`, `train_s`, `sync_s`, `other_s`), `tokens_per_s` and `utilization`."""
+        return {"e2e_s": t1 - t0, **self.time_split(t0, t1),
+                "tokens_per_s": generated_tokens / max(t1 - t0, 1e-9),
+                "utilization": self.utilization_report(t0, t1)}
+
     def time_split(
         self,
         t0: float,

@@ -242,7 +242,7 @@ class JointOrchestrator:
                 drain(agent)
 
     def run_iteration(self, iteration: int) -> dict:
-        """Runs one iteration end to end and returns its metrics record (without wall-clock splits).
+        """Runs one iteration end to end and returns its metrics record.
 
         Phases: rollout (with micro-batches drained as they complete in the async mode), drain the rest,
         apply every agent's update, checkpoint (`on_update_applied`), commit the trained rows as consumed,
@@ -272,6 +272,9 @@ class JointOrchestrator:
         if self.checker is not None and self.settings.max_staleness == 0:
             self.checker.check_all_consumed()
         self.sync_all()
+        # The wall-clock fields cover the whole iteration, checkpoint and weight sync included; the record
+        # the journal kept with the checkpoint has none (a resumed run writes it without them).
+        record.update(self.timeline.iteration_timing(t0, self.timeline.now(), record["generated_tokens"]))
         return record
 
     def _begin_rollout(self, iteration: int) -> _Rollout:
@@ -367,10 +370,8 @@ class JointOrchestrator:
         return {
             "iteration": iteration,
             "team_accuracy": result.accuracy,
-            "e2e_s": t1 - t0,
             "rollout_wall_s": (rollout.end_time or t1) - rollout.start_time,
             "generated_tokens": tokens,
-            "tokens_per_s": tokens / max(t1 - t0, 1e-9),
             "policy_version": self.versions(),
             "agent": agents,
         }

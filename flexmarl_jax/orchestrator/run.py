@@ -219,13 +219,7 @@ def run_training(config: RunConfig) -> int:
             for iteration in range(start, config.iterations):
                 if config.store.backend == "file":
                     _begin_attempt(orchestrator, journal, iteration)
-                t0 = timeline.now()
                 record = orchestrator.run_iteration(iteration)
-                t1 = timeline.now()
-                record.update(timeline.time_split(t0, t1))
-                record["e2e_s"] = t1 - t0  # the whole iteration, checkpoint and weight sync included
-                record["tokens_per_s"] = record["generated_tokens"] / max(t1 - t0, 1e-9)
-                record["utilization"] = timeline.utilization_report(t0, t1)
                 writer.write(record)
                 journal.iteration_logged()
                 timeline.save(workdir)
