@@ -102,7 +102,7 @@ def base_config() -> ml_collections.ConfigDict:
     config.store.backend = "memory"  # memory (TensorStore memory driver) | file (ocdbt under WORKDIR/store)
 
     config.pipeline = ml_collections.ConfigDict()
-    config.pipeline.mode = "flexmarl"  # serial | sync | flexmarl (see ARCHITECTURE.md)
+    config.pipeline.mode = "flexmarl"  # serial | sync | flexmarl (see docs/architecture.md)
     config.pipeline.async_micro_batches = True  # flexmarl only: train micro-batches while rollout runs
     config.pipeline.balancing = True  # flexmarl only: hierarchical load balancing across instances
     config.pipeline.balance_delta = 5  # move instances when max - min agent queue length exceeds this

@@ -31,7 +31,7 @@ to TensorStore on a background thread, outside the calls, so `store_cpu_fraction
 plus those commits, / E2E) is reported next to it: the store's whole cost to the host, wherever it runs.
 
 On a CPU host the fake devices share the same cores, so overlap between rollout and training is real in
-the code paths but competes for the same cores (see ARCHITECTURE.md): the ratios here are what this machine
+the code paths but competes for the same cores (see docs/architecture.md): the ratios here are what this machine
 gives, not what disaggregated hardware would.
 """
 

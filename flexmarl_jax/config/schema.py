@@ -191,7 +191,7 @@ class PipelineConfig(Section):
     """How rollout and training overlap (`config.pipeline`)."""
 
     mode: str = setting("flexmarl", choices=_pipeline_modes,
-                        help="pipeline mode (orchestrator/modes.py, ARCHITECTURE.md)")
+                        help="pipeline mode (orchestrator/modes.py, docs/architecture.md)")
     async_micro_batches: bool = setting(True, help="flexmarl only: train micro-batches while rollout runs")
     balancing: bool = setting(True, help="flexmarl only: hierarchical load balancing across instances")
     balance_delta: int = setting(5, rule=positive,

@@ -1,4 +1,4 @@
-"""Run-time checks of the consistency model (ARCHITECTURE.md), used in debug mode and by the tests.
+"""Run-time checks of the consistency model (docs/architecture.md), used in debug mode and by the tests.
 
 - No sample is trained under the wrong version: every policy version a sample depends on is within
   `max_staleness` of that agent's version when the sample's gradients are computed (0: exactly equal).

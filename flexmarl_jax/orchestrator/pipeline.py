@@ -1,6 +1,6 @@
 """The joint orchestrator: one iteration of multi-agent RL in any pipeline mode, with one code path.
 
-An iteration (ARCHITECTURE.md): the workflow rolls out queries x samples trajectories through the
+An iteration (docs/architecture.md): the workflow rolls out queries x samples trajectories through the
 generation backend; every agent call streams into the experience store; each agent's dispatcher claims
 micro-batches of complete groups and accumulates their gradients — while rollout still runs in the
 `flexmarl` mode, after it in `sync` and `serial`; once everything is consumed all agents apply their update
