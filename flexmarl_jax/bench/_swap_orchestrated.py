@@ -17,29 +17,29 @@ CHAIN = ("solver", "verifier", "corrector")
 def _build(num_slices: int, args):
     import jax
 
+    from flexmarl_jax.config import RolloutConfig, RunConfig, TrainConfig, WorkflowConfig
     from flexmarl_jax.mesh.meshes import make_mesh
     from flexmarl_jax.metrics import Timeline
-    from flexmarl_jax.models import presets
     from flexmarl_jax.models.tokenizer import CharTokenizer
-    from flexmarl_jax.orchestrator.pipeline import JointOrchestrator, PipelineSettings
-    from flexmarl_jax.orchestrator.shared_training import DedicatedTraining, SharedTraining
+    from flexmarl_jax.orchestrator.agents import agent_layout, build_agent_runtimes, pool_training
+    from flexmarl_jax.orchestrator.pipeline import JointOrchestrator
+    from flexmarl_jax.orchestrator.run import pipeline_settings
     from flexmarl_jax.store import ExperienceStore
     from flexmarl_jax.train.algorithms import loss_config_for
-    from flexmarl_jax.train.optim import OptimizerConfig
-    from flexmarl_jax.train.trainer import AgentTrainer, TrainerConfig
-    from flexmarl_jax.workflows import ArithmeticTask, SamplingParams, ScriptedAgent, ScriptedBackend, build_workflow
+    from flexmarl_jax.workflows import ArithmeticTask, ScriptedAgent, ScriptedBackend, build_workflow
     from flexmarl_jax.workflows.oracles import chain_policies
     from flexmarl_jax.workflows.scripted import long_tail_latency
 
+    # The chain team (configs/tiny.py's agents); trainers pad to 26 + 6 = 32 tokens.
+    config = RunConfig(
+        seed=args.seed, rollout=RolloutConfig(max_prompt_length=26, max_response_length=6),
+        workflow=WorkflowConfig(queries_per_iteration=args.orchestrator_queries, samples_per_query=4),
+        train=TrainConfig(learning_rate=1e-3, micro_batch_size=args.orchestrator_micro_batch))
     meshes = [make_mesh(jax.devices()[i:i + 1], fsdp=1) for i in range(len(CHAIN))]
-    loss = loss_config_for("grpo")
-    config = TrainerConfig(micro_batch_size=args.orchestrator_micro_batch, max_len=32, loss=loss,
-                           optimizer=OptimizerConfig(learning_rate=1e-3))
-    trainers = {agent: AgentTrainer(agent, presets.get_preset("tiny"), config, mesh=meshes[index], seed=index)
-                for index, agent in enumerate(CHAIN)}
+    # Built without engines (the scripted backend below answers for the agents), each on its own mesh.
+    runtimes = build_agent_runtimes(config, agent_layout(config), train_meshes=dict(zip(CHAIN, meshes, strict=True)))
     timeline = Timeline()
-    training = (SharedTraining(trainers, meshes[:num_slices], clock=timeline.now) if num_slices
-                else DedicatedTraining(trainers, clock=timeline.now))
+    training, runtimes = pool_training(runtimes, meshes[:num_slices], clock=timeline.now)
     task = ArithmeticTask(max_digits=1, operators="+")
     problems = [p for seed in range(500) for p in task.generate(args.orchestrator_queries, seed=seed)]
     policies = chain_policies(problems, task.verify, solver_accuracy=0.5, verifier_accuracy=0.8,
@@ -48,14 +48,12 @@ def _build(num_slices: int, args):
     tokenizer = CharTokenizer()
     backend = ScriptedBackend({agent: ScriptedAgent(policies[agent], latency) for agent in CHAIN}, seed=args.seed,
                               encode=lambda text: tokenizer.encode(text, add_bos=False))
-    settings = PipelineSettings(mode="flexmarl", queries_per_iteration=args.orchestrator_queries,
-                                samples_per_query=4, micro_batch_size=args.orchestrator_micro_batch,
-                                max_response_length=6, seed=args.seed)
+    loss = loss_config_for(config.train.algorithm)
     orchestrator = JointOrchestrator(
-        settings, training=training, store=ExperienceStore.open(None, agents=CHAIN, backend="memory"),
+        pipeline_settings(config), agents=runtimes, training=training,
+        store=ExperienceStore.open(None, agents=CHAIN, backend="memory"),
         workflow=build_workflow("chain", agents=CHAIN), task=task, backend=backend,
         sync_weights=lambda agent, params, version: backend.set_policy_version(agent, version),
-        sampling={agent: SamplingParams(max_new_tokens=6) for agent in CHAIN}, pad_id=CharTokenizer.PAD,
         aggregation=loss.aggregation, estimator=loss.advantage_estimator, timeline=timeline)
     return orchestrator, backend
 

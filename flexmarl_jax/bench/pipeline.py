@@ -105,24 +105,20 @@ def bench_config(workload: Workload, overrides: Mapping[str, str], *, seed: int,
     return RunConfig.from_config(config)
 
 
-def resource_devices(config, rollout) -> dict[str, tuple]:
-    """Timeline resource -> the devices it runs on (`rollout/<instance>`, `train/<agent>`)."""
-    from flexmarl_jax.orchestrator.run import agent_layout
-
-    agents = team_agents(config.workflow)
-    layout = agent_layout(config)
+def resource_devices(agents) -> dict[str, tuple]:
+    """Timeline resource -> the devices it runs on (`rollout/<instance>`, `train/<agent>`), from each agent's
+    runtime (`orchestrator.agents.AgentRuntime`: its devices and its instances as built)."""
     mapping = {}
-    for agent in agents:
-        mapping[f"train/{agent}"] = tuple(d.id for d in layout[agent].train_devices)
-        for group, instance in zip(layout[agent].rollout_groups, rollout.instances[agent], strict=True):
+    for name, runtime in agents.items():
+        mapping[f"train/{name}"] = tuple(d.id for d in runtime.devices.train_devices)
+        for group, instance in zip(runtime.devices.rollout_groups, runtime.instances, strict=True):
             mapping[f"rollout/{instance.name}"] = tuple(d.id for d in group)
     return mapping
 
 
 def decode_steps(rollout) -> dict[str, int]:
     """Instance name -> generate steps so far."""
-    return {instance.name: instance.decode_steps for instances in rollout.instances.values()
-            for instance in instances}
+    return {instance.name: instance.decode_steps for instance in rollout.instances}
 
 
 def device_utilization(timeline, devices_of: Mapping[str, tuple], t0: float, t1: float) -> float:
@@ -157,7 +153,7 @@ class ModeRun:
 
         check_devices(self.config, jax.device_count())
         started = time.perf_counter()
-        orchestrator, _trainers, self.raw_store, self.rollout, _ = build_orchestrator(self.config, resume=False)
+        orchestrator, agents, self.raw_store, self.rollout, _ = build_orchestrator(self.config, resume=False)
         self.build_s = time.perf_counter() - started
         self.orchestrator, self.timeline = orchestrator, orchestrator.timeline
         self.timed_store = TimedStore(self.raw_store, clock=self.timeline.now)
@@ -167,11 +163,10 @@ class ModeRun:
         # Per-iteration checkpoints cost the same in every mode and are not part of the paper's E2E time.
         orchestrator.on_update_applied = None
         orchestrator.set_horizon(self.config.iterations)
-        self.devices_of = resource_devices(self.config, self.rollout)
+        self.devices_of = resource_devices(agents)
         if pace_s > 0:
-            for instances in self.rollout.instances.values():
-                for instance in instances:
-                    pace_steps(instance, pace_s)
+            for instance in self.rollout.instances:
+                pace_steps(instance, pace_s)
         self.iterations: list[dict[str, Any]] = []
         self.warmup_s = 0.0
         self._next_iteration = 0

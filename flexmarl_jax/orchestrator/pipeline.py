@@ -21,7 +21,7 @@ import logging
 import threading
 import zlib
 from collections.abc import Callable, Mapping, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -36,7 +36,10 @@ from flexmarl_jax.store import ExperienceStore
 from flexmarl_jax.train.advantages import group_advantages
 from flexmarl_jax.train.normalizers import IterationNormalizers
 from flexmarl_jax.train.trainer import AgentTrainer
-from flexmarl_jax.workflows import GenerationBackend, RunResult, SamplingParams, Task, Workflow, WorkflowExecutor
+from flexmarl_jax.workflows import GenerationBackend, RunResult, Task, Workflow, WorkflowExecutor
+
+if TYPE_CHECKING:
+    from flexmarl_jax.orchestrator.agents import AgentRuntime
 
 logger = logging.getLogger(__name__)
 
@@ -112,15 +115,15 @@ class _Rollout:
 
 
 class JointOrchestrator:
-    """Runs iterations over per-agent trainers, one store, one workflow and one generation backend.
+    """Runs iterations over the team's agents, one store, one workflow and one generation backend.
 
     Args:
+      agents: agent -> its `agents.AgentRuntime`: the trainer the orchestrator trains it through, its
+        rollout sampling (seeds are derived per request) and its pad id (micro-batch padding).
       training: where the agents' trainers run (`shared_training.DedicatedTraining`, one mesh per agent, or
-        `shared_training.SharedTraining`, agent-centric allocation on shared slices); its ``trainers`` are
-        the agent -> trainer map the orchestrator uses.
+        `shared_training.SharedTraining`, agent-centric allocation on shared slices); every runtime's trainer
+        must be this pool's trainer of its agent (`agents.pool_training` returns runtimes that are).
       sync_weights: (agent, params, version) -> None; puts new weights on that agent's rollout instances.
-      pad_id: the tokenizer's pad id (micro-batch padding).
-      sampling: agent -> SamplingParams for rollout (seeds are derived per iteration).
       aggregation, estimator: the loss aggregation and advantage estimator of the algorithm.
       on_update_applied: called with (iteration, metrics record, {agent: sample ids trained}) after every
         agent applied its update and before the iteration's rows are marked consumed (run.py checkpoints
@@ -128,21 +131,27 @@ class JointOrchestrator:
         so a crash never loses an iteration's metrics and a resume can mark its rows consumed).
     """
 
-    def __init__(self, settings: PipelineSettings, *, training: TrainingPool, store: ExperienceStore,
-                 workflow: Workflow, task: Task, backend: GenerationBackend,
-                 sync_weights: Callable[[str, Any, int], None], sampling: Mapping[str, SamplingParams],
-                 pad_id: int, aggregation: str, estimator: str, timeline: Timeline | None = None,
+    def __init__(self, settings: PipelineSettings, *, agents: Mapping[str, AgentRuntime], training: TrainingPool,
+                 store: ExperienceStore, workflow: Workflow, task: Task, backend: GenerationBackend,
+                 sync_weights: Callable[[str, Any, int], None], aggregation: str, estimator: str,
+                 timeline: Timeline | None = None,
                  on_update_applied: Callable[[int, dict, dict[str, list[str]]], None] | None = None):
         self.settings = settings
+        self.agents = dict(agents)
         self.training = training
-        self.trainers: dict[str, AgentTrainer] = dict(training.trainers)
+        if {name: runtime.trainer for name, runtime in self.agents.items()} != dict(training.trainers):
+            # A shared pool holds the agents' states: a runtime still holding its own trainer would train
+            # beside the pool, on a state the pool has taken.
+            raise ValueError("every agent must train through the training pool's trainer of its agent "
+                             "(build the runtimes with agents.pool_training)")
+        self.trainers: dict[str, AgentTrainer] = {name: runtime.trainer for name, runtime in self.agents.items()}
         self.store, self.workflow, self.task, self.backend = store, workflow, task, backend
         self.sync_weights = sync_weights
         self.on_update_applied = on_update_applied
-        self.sampling = dict(sampling)
+        self.sampling = {name: runtime.sampling for name, runtime in self.agents.items()}
         self.timeline = timeline or Timeline()
         self.checker = ConsistencyChecker(settings.max_staleness) if settings.debug_invariants else None
-        self.pad_id, self.aggregation, self.estimator = pad_id, aggregation, estimator
+        self.aggregation, self.estimator = aggregation, estimator
         calls = collections.Counter(node.agent for node in workflow.nodes.values())  # calls per trajectory
         self._conditional = conditional_agents(workflow)
         self.normalizers = {}
@@ -217,7 +226,7 @@ class JointOrchestrator:
             agent: AgentDispatcher(
                 agent, trainer, self.store, micro_batch_size=self.settings.micro_batch_size,
                 normalizers=self.normalizers[agent], aggregation=self.aggregation,
-                pad_id=self.pad_id, max_staleness=self.settings.max_staleness,
+                pad_id=self.agents[agent].pad_id, max_staleness=self.settings.max_staleness,
                 variable_groups=agent in self._conditional, timeline=self.timeline, resource=f"train/{agent}",
                 on_trained=on_trained)
             for agent, trainer in self.trainers.items()

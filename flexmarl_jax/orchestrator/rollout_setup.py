@@ -1,5 +1,5 @@
-"""Builds the rollout side of a run: engine instances on each agent's rollout devices, the backend the
-workflow talks to, and the weight-sync path from trainers to instances.
+"""Builds the rollout side of a run: each agent's engine instances on its rollout devices (kept on its
+`AgentRuntime`, with the shardings its weight sync targets), and the team's backend the workflow talks to.
 
 With `pipeline.balancing` (flexmarl mode) the backend is hierarchical load balancing: a RequestRouter
 (per-agent queues, least-loaded dispatch, timeouts and re-queues) plus an InstanceBalancer that moves
@@ -14,11 +14,14 @@ from __future__ import annotations
 
 import dataclasses
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from flexmarl_jax.config import RunConfig
 from flexmarl_jax.metrics import Timeline
+from flexmarl_jax.models.functional import param_shardings
+from flexmarl_jax.models.tokenizer import Tokenizer
+from flexmarl_jax.orchestrator.agents import AgentRuntime
 from flexmarl_jax.rollout.backend import EngineBackend
 from flexmarl_jax.rollout.balancer import InstanceBalancer
 from flexmarl_jax.rollout.instance import EngineInstance
@@ -69,16 +72,18 @@ class TimedInstance(EngineInstance):
 
 @dataclasses.dataclass
 class RolloutHandle:
+    """The team's rollout side: one backend over every agent's instances (it spans agents, since balancing
+    moves instances between them). Each agent's instances as built are on its `AgentRuntime`."""
+
     backend: EngineBackend
     sync_weights: Callable[[str, Any, int], None]
-    instances: dict[str, list[TimedInstance]]  # as built; with balancing, instances may serve other agents since
+    instances: tuple[TimedInstance, ...]  # every instance of the team, to close their timeline spans
     balancer: InstanceBalancer | None = None
 
     def shutdown(self) -> None:
         self.backend.close()
-        for agent_instances in self.instances.values():
-            for instance in agent_instances:
-                instance.flush_span()
+        for instance in self.instances:
+            instance.flush_span()
 
 
 def engine_config_for(config: RunConfig) -> EngineConfig:
@@ -87,26 +92,50 @@ def engine_config_for(config: RunConfig) -> EngineConfig:
                         max_decode_length=config.rollout.max_response_length)
 
 
-def build_rollout(config: RunConfig, layout, trainers, tokenizer, timeline: Timeline) -> RolloutHandle:
-    """One engine instance per (agent, rollout device group), serving the trainer's current weights."""
+def start_engines(config: RunConfig, runtimes: Mapping[str, AgentRuntime], timeline: Timeline
+                  ) -> tuple[dict[str, AgentRuntime], RolloutHandle]:
+    """One engine instance per (agent, rollout device group), serving the agent's trainer's current weights,
+    and the backend over all of them. Returns the runtimes with their instances and rollout shardings.
+
+    Call once the trainers hold the weights rollout starts from (after a resume or warm-up): the engines
+    copy them now. The trainers must still be `AgentTrainer`s (before `agents.pool_training`).
+    """
     engine_config = engine_config_for(config)
-    instances: dict[str, list[TimedInstance]] = {}
+    started: dict[str, AgentRuntime] = {}
     number = 0
-    for agent, trainer in trainers.items():
-        instances[agent] = []
-        for group in range(len(layout[agent].rollout_groups)):
-            instance = TimedInstance.create(trainer.model_config, trainer.graphdef, trainer.params, engine_config,
-                                            tokenizer, mesh=layout[agent].rollout_mesh(group),
+    for agent, runtime in runtimes.items():
+        trainer, devices = runtime.trainer, runtime.devices
+        instances = []
+        for group in range(len(devices.rollout_groups)):
+            instance = TimedInstance.create(runtime.model_config, trainer.graphdef, trainer.params, engine_config,
+                                            runtime.tokenizer, mesh=devices.rollout_mesh(group),
                                             policy_version=trainer.policy_version, name=f"instance{number}")
-            instances[agent].append(instance.attach(timeline, agent))
+            instances.append(instance.attach(timeline, agent))
             number += 1
+        started[agent] = dataclasses.replace(
+            runtime, instances=tuple(instances),
+            rollout_shardings=param_shardings(trainer.params, devices.rollout_mesh(0)))
+    instances = {agent: list(runtime.instances) for agent, runtime in started.items()}
+    every_instance = tuple(instance for runtime in started.values() for instance in runtime.instances)
+    tokenizer = team_tokenizer(started)
     if config.pipeline.balancing and config.pipeline.mode == "flexmarl":
-        weights = {agent: (trainer.params, trainer.policy_version) for agent, trainer in trainers.items()}
+        weights = {agent: (runtime.trainer.params, runtime.trainer.policy_version)
+                   for agent, runtime in started.items()}
         backend, balancer = build_balanced_backend(config, instances, tokenizer, timeline, weights)
-        return RolloutHandle(backend=backend, sync_weights=backend.update_params, instances=instances,
-                             balancer=balancer)
+        return started, RolloutHandle(backend=backend, sync_weights=backend.update_params, instances=every_instance,
+                                      balancer=balancer)
     backend = EngineBackend(instances, tokenizer)
-    return RolloutHandle(backend=backend, sync_weights=backend.update_params, instances=instances)
+    return started, RolloutHandle(backend=backend, sync_weights=backend.update_params, instances=every_instance)
+
+
+def team_tokenizer(runtimes: Mapping[str, AgentRuntime]) -> Tokenizer:
+    """The one tokenizer the backend encodes every agent's prompts with (and instances keep when balancing
+    moves them to another agent): the agents' tokenizers must agree until the backend takes one per agent."""
+    tokenizers = [runtime.tokenizer for runtime in runtimes.values()]
+    kinds = {(type(t).__name__, t.vocab_size, t.bos_id, t.eos_id, t.pad_id) for t in tokenizers}
+    if len(kinds) > 1:
+        raise ValueError(f"one rollout backend serves every agent, but the agents' tokenizers differ: {sorted(kinds)}")
+    return tokenizers[0]
 
 
 def balancing_settings(config: RunConfig) -> dict[str, Any]:

@@ -8,35 +8,32 @@ iteration from the last checkpoint — nothing it had claimed was applied, so no
 
 from __future__ import annotations
 
-import dataclasses
 import logging
 import os
 import time
 from collections.abc import Mapping
-
-import jax
-from jax.sharding import Mesh
+from typing import NamedTuple
 
 from flexmarl_jax import metrics
 from flexmarl_jax.config import RunConfig
-from flexmarl_jax.mesh.layout import layout_devices
-from flexmarl_jax.mesh.meshes import make_mesh
-from flexmarl_jax.models import presets
-from flexmarl_jax.models.functional import param_shardings
-from flexmarl_jax.models.tokenizer import CharTokenizer
+from flexmarl_jax.orchestrator.agents import (
+    AgentRuntime,
+    agent_layout,
+    build_agent_runtimes,
+    pool_training,
+    trainers_of,
+    training_slice_meshes,
+)
 from flexmarl_jax.orchestrator.journal import RunJournal
 from flexmarl_jax.orchestrator.pipeline import JointOrchestrator, PipelineSettings
-from flexmarl_jax.orchestrator.rollout_setup import build_rollout
-from flexmarl_jax.orchestrator.shared_training import DedicatedTraining, SharedTraining
+from flexmarl_jax.orchestrator.rollout_setup import RolloutHandle, start_engines
 from flexmarl_jax.orchestrator.warmup import run_warmup, warmup_examples
 from flexmarl_jax.orchestrator.weight_sync import StoreWeightSync
 from flexmarl_jax.store import ExperienceStore
 from flexmarl_jax.train.algorithms import loss_config_for
 from flexmarl_jax.train.checkpoint import restore_trainer, save_all
-from flexmarl_jax.train.from_config import trainer_config_for
-from flexmarl_jax.train.trainer import AgentTrainer
 from flexmarl_jax.transfer import StateStore
-from flexmarl_jax.workflows import SamplingParams
+from flexmarl_jax.workflows import Task, Workflow
 from flexmarl_jax.workflows.from_config import task_from_config, team_agents, workflow_from_config
 
 logger = logging.getLogger(__name__)
@@ -44,117 +41,88 @@ logger = logging.getLogger(__name__)
 CHECKPOINT_DIR = "checkpoints"
 
 
-def build_trainers(config: RunConfig, layout, *, train_meshes: Mapping[str, Mesh] | None = None):
-    """agent -> AgentTrainer on that agent's training mesh (or on ``train_meshes[agent]``)."""
-    trainers = {}
-    for index, agent in enumerate(team_agents(config.workflow)):
-        # The run trains without truncated importance sampling, also with max_staleness > 0, and pads to
-        # prompt + response tokens (one more than the loss needs).
-        trainer_config = dataclasses.replace(
-            trainer_config_for(config, agent, tis_cap=None),
-            max_len=config.rollout.max_prompt_length + config.rollout.max_response_length)
-        trainers[agent] = AgentTrainer(agent, presets.get_preset(config.agents[agent].model), trainer_config,
-                                       mesh=train_meshes[agent] if train_meshes is not None
-                                       else layout[agent].train_mesh(config.mesh.tp),
-                                       seed=config.seed * 1000 + index)
-    return trainers
+class BuiltRun(NamedTuple):
+    """What `build_orchestrator` builds for a run."""
+
+    orchestrator: JointOrchestrator
+    agents: dict[str, AgentRuntime]  # as the orchestrator holds them: trainers (pooled), engines, devices
+    store: ExperienceStore
+    rollout: RolloutHandle  # the team's backend; shut it down when the run ends
+    start: int  # the first iteration to run: 0, or the policy version a resumed run continues from
 
 
-def sampling_for(config: RunConfig) -> dict[str, SamplingParams]:
-    return {agent: SamplingParams(temperature=config.agents[agent].temperature, top_k=config.agents[agent].top_k,
-                                  top_p=config.agents[agent].top_p,
-                                  max_new_tokens=config.rollout.max_response_length)
-            for agent in team_agents(config.workflow)}
-
-
-def agent_layout(config: RunConfig):
-    """Each agent's rollout and training devices (`mesh.layout.layout_devices`) for a config. With shared
-    training slices (`mesh.train_slices`) agents get no training devices of their own."""
-    mesh = config.mesh
-    return layout_devices(jax.devices(), team_agents(config.workflow),
-                          instances_per_agent=config.rollout.instances_per_agent,
-                          rollout_devices_per_instance=mesh.rollout_devices_per_instance,
-                          train_devices_per_agent=0 if mesh.train_slices else mesh.train_devices_per_agent,
-                          colocate=config.pipeline.mode == "serial")
+def pipeline_settings(config: RunConfig) -> PipelineSettings:
+    """The orchestrator's knobs from a config."""
+    return PipelineSettings(
+        mode=config.pipeline.mode, async_micro_batches=config.pipeline.async_micro_batches,
+        queries_per_iteration=config.workflow.queries_per_iteration,
+        samples_per_query=config.workflow.samples_per_query, micro_batch_size=config.train.micro_batch_size,
+        max_response_length=config.rollout.max_response_length, max_staleness=config.train.max_staleness,
+        seed=config.seed, debug_invariants=config.pipeline.debug_invariants)
 
 
 def build_orchestrator(config: RunConfig, *, timeline: metrics.Timeline | None = None,
-                       resume: bool = True):
-    """Everything a run needs: (orchestrator, trainers, store, rollout handle, start iteration)."""
+                       resume: bool = True) -> BuiltRun:
+    """Everything a run needs, its agents built by `agents.build_agent_runtimes` (see `BuiltRun`)."""
     agents = team_agents(config.workflow)
-    mode = config.pipeline.mode
     train_slices = config.mesh.train_slices
-    if train_slices and mode == "serial":
+    if train_slices and config.pipeline.mode == "serial":
         raise ValueError(f"mesh.train_slices={train_slices} needs disaggregated training (pipeline.mode sync or "
                          "flexmarl); the serial mode colocates each agent's rollout on its training mesh")
     layout = agent_layout(config)
-    tokenizer = CharTokenizer()
     slice_meshes = training_slice_meshes(config, layout, train_slices) if train_slices else None
     # With shared slices, agent i starts on slice i mod S (its state is offloaded to host right after setup).
-    trainers = build_trainers(config, layout, train_meshes=None if slice_meshes is None else {
+    runtimes = build_agent_runtimes(config, layout, train_meshes=None if slice_meshes is None else {
         agent: slice_meshes[index % train_slices] for index, agent in enumerate(agents)})
     workflow = workflow_from_config(config.workflow)
     task = task_from_config(config.workflow)
-    checkpoint_root = os.path.join(config.workdir, CHECKPOINT_DIR)
-    start = 0
-    common = _resume_version(checkpoint_root, agents) if resume else None
-    if common is not None:
-        # Agents are saved one after another; a run killed in between leaves some agents one version
-        # ahead. Restore every agent at the newest version that all of them completed.
-        for agent, trainer in trainers.items():
-            restore_trainer(trainer, os.path.join(checkpoint_root, agent), policy_version=common)
-        start = common
-        logger.info("resumed from %s at policy version %d", checkpoint_root, common)
-    elif config.workflow.warmup_steps > 0:
-        examples = warmup_examples(workflow, task, queries=256, samples_per_query=1, accuracy=0.2,
-                                   seed=config.seed)
-        run_warmup(trainers, examples, tokenizer, steps=config.workflow.warmup_steps, seed=config.seed)
-        save_all(trainers, checkpoint_root)
+    common = _resume_version(os.path.join(config.workdir, CHECKPOINT_DIR), agents) if resume else None
+    start = _restore_or_warm_up(config, runtimes, common, workflow, task)
     if timeline is None:
         saved = os.path.join(config.workdir, metrics.TIMELINE_FILENAME)
         # A resumed run keeps recording on its old timeline, so the plots cover the whole run.
         timeline = metrics.Timeline.load(saved) if common is not None and os.path.isfile(saved) else metrics.Timeline()
     store = ExperienceStore.open(config.workdir, agents=agents, backend=config.store.backend)
-    rollout = build_rollout(config, layout, trainers, tokenizer, timeline)
+    runtimes, rollout = start_engines(config, runtimes, timeline)
     state_store = StateStore()
-    if slice_meshes is not None:
-        # Agent-centric allocation: agents hold a slice only while they have a micro-batch. The rollout
-        # instances above copied the initial weights; the orchestrator syncs every agent before rollout.
-        training = SharedTraining(trainers, slice_meshes, store=state_store, clock=timeline.now)
-    else:
-        training = DedicatedTraining(trainers, clock=timeline.now)
-    trainers = training.trainers
-    rollout_targets = {agent: param_shardings(trainers[agent].params, layout[agent].rollout_mesh(0))
-                       for agent in agents}
+    # Agent-centric allocation (shared slices): agents hold a slice only while they have a micro-batch. The
+    # engines above copied the initial weights; the orchestrator syncs every agent before rollout.
+    training, runtimes = pool_training(runtimes, slice_meshes, store=state_store, clock=timeline.now)
+    rollout_targets = {agent: runtime.rollout_shardings for agent, runtime in runtimes.items()}
     sync_weights = StoreWeightSync(state_store, rollout.sync_weights, target_for=rollout_targets.__getitem__)
-    settings = PipelineSettings(
-        mode=mode, async_micro_batches=config.pipeline.async_micro_batches,
-        queries_per_iteration=config.workflow.queries_per_iteration,
-        samples_per_query=config.workflow.samples_per_query, micro_batch_size=config.train.micro_batch_size,
-        max_response_length=config.rollout.max_response_length, max_staleness=config.train.max_staleness,
-        seed=config.seed, debug_invariants=config.pipeline.debug_invariants)
     loss = loss_config_for(config.train.algorithm)
+    trainers = trainers_of(runtimes)
     orchestrator = JointOrchestrator(
-        settings, training=training, store=store, workflow=workflow, task=task, backend=rollout.backend,
-        sync_weights=sync_weights, sampling=sampling_for(config), pad_id=tokenizer.pad_id,
-        aggregation=loss.aggregation, estimator=loss.advantage_estimator, timeline=timeline,
+        pipeline_settings(config), agents=runtimes, training=training, store=store, workflow=workflow, task=task,
+        backend=rollout.backend, sync_weights=sync_weights, aggregation=loss.aggregation,
+        estimator=loss.advantage_estimator, timeline=timeline,
         on_update_applied=lambda iteration, record, trained: _checkpoint(
             trainers, config.workdir, RunJournal(config.workdir), record, trained))
-    return orchestrator, trainers, store, rollout, start
+    return BuiltRun(orchestrator, runtimes, store, rollout, start)
 
 
-def training_slice_meshes(config: RunConfig, layout, train_slices: int) -> list[Mesh]:
-    """``train_slices`` meshes of ``mesh.train_devices_per_agent`` devices each, from the devices that no
-    rollout instance uses (in device order)."""
-    used = {device for agent_devices in layout.values() for group in agent_devices.rollout_groups
-            for device in group}
-    free = [device for device in jax.devices() if device not in used]
-    per_slice = config.mesh.train_devices_per_agent
-    if len(free) < train_slices * per_slice:
-        raise ValueError(f"mesh.train_slices={train_slices} x mesh.train_devices_per_agent={per_slice} needs "
-                         f"{train_slices * per_slice} devices; {len(free)} are left after the rollout instances")
-    return [make_mesh(free[i * per_slice:(i + 1) * per_slice], fsdp=per_slice // config.mesh.tp, tp=config.mesh.tp)
-            for i in range(train_slices)]
+def _restore_or_warm_up(config: RunConfig, runtimes: Mapping[str, AgentRuntime], common: int | None,
+                        workflow: Workflow, task: Task) -> int:
+    """Sets the trainers' starting state; returns the first iteration to run.
+
+    Resuming (``common``: the newest policy version every agent has a checkpoint of), every agent is
+    restored at that version. Otherwise, with `workflow.warmup_steps`, every agent takes its supervised
+    format warm-up (saved as the checkpoint of version 0)."""
+    trainers = trainers_of(runtimes)
+    checkpoint_root = os.path.join(config.workdir, CHECKPOINT_DIR)
+    if common is not None:
+        # Agents are saved one after another; a run killed in between leaves some agents one version
+        # ahead. Restore every agent at the newest version that all of them completed.
+        for agent, trainer in trainers.items():
+            restore_trainer(trainer, os.path.join(checkpoint_root, agent), policy_version=common)
+        logger.info("resumed from %s at policy version %d", checkpoint_root, common)
+        return common
+    if config.workflow.warmup_steps > 0:
+        examples = warmup_examples(workflow, task, queries=256, samples_per_query=1, accuracy=0.2,
+                                   seed=config.seed)
+        run_warmup(runtimes, examples, steps=config.workflow.warmup_steps, seed=config.seed)
+        save_all(trainers, checkpoint_root)
+    return 0
 
 
 def _checkpoint(trainers, workdir: str, journal: RunJournal, record: dict, trained: dict[str, list[str]]) -> None:
@@ -208,7 +176,7 @@ def run_training(config: RunConfig) -> int:
     with open(os.path.join(workdir, "config.json"), "w") as handle:
         handle.write(config.to_json(indent=1))  # the typed config, every field (RunConfig.to_dict)
     started = time.monotonic()
-    orchestrator, trainers, store, rollout, start = build_orchestrator(config)
+    orchestrator, _agents, store, rollout, start = build_orchestrator(config)
     timeline = orchestrator.timeline
     orchestrator.set_horizon(config.iterations)
     writer = metrics.MetricsWriter(workdir)

@@ -16,6 +16,7 @@ import logging
 import random
 import zlib
 from collections.abc import Mapping
+from typing import TYPE_CHECKING
 
 import numpy as np
 
@@ -24,6 +25,9 @@ from flexmarl_jax.train.normalizers import IterationNormalizers
 from flexmarl_jax.train.trainer import AgentTrainer
 from flexmarl_jax.workflows import InMemorySink, SamplingParams, ScriptedBackend, Task, Workflow, WorkflowExecutor
 from flexmarl_jax.workflows.oracles import PromptOracle, answer_policy, chain_policies
+
+if TYPE_CHECKING:
+    from flexmarl_jax.orchestrator.agents import AgentRuntime
 
 logger = logging.getLogger(__name__)
 
@@ -71,13 +75,14 @@ def supervised_step(trainer: AgentTrainer, pairs: list[tuple[list[int], list[int
     return trainer.apply()
 
 
-def run_warmup(trainers: Mapping[str, AgentTrainer], examples: Mapping[str, list[tuple[str, str]]], tokenizer,
+def run_warmup(agents: Mapping[str, AgentRuntime], examples: Mapping[str, list[tuple[str, str]]],
                *, steps: int, seed: int) -> dict[str, float]:
-    """`steps` supervised updates per agent; returns agent -> final loss. Versions are reset to 0 after,
-    so policy versions count RL updates only."""
-    rng = random.Random(seed)
+    """`steps` supervised updates per agent, each on its own tokenizer's ids; returns agent -> final loss.
+    Versions are reset to 0 after, so policy versions count RL updates only."""
+    rng = random.Random(seed)  # one stream over the agents in order
     losses = {}
-    for agent, trainer in trainers.items():
+    for agent, runtime in agents.items():
+        trainer, tokenizer = runtime.trainer, runtime.tokenizer
         encoded = [(tokenizer.encode(prompt), tokenizer.encode(text, add_bos=False) + [tokenizer.eos_id])
                    for prompt, text in examples[agent]]
         if not encoded:

@@ -4,16 +4,15 @@ import jax
 import numpy as np
 import pytest
 
+from flexmarl_jax.config import PipelineConfig, RolloutConfig, RunConfig, TrainConfig, WorkflowConfig
 from flexmarl_jax.mesh.layout import layout_devices
-from flexmarl_jax.models import presets
 from flexmarl_jax.models.tokenizer import CharTokenizer
-from flexmarl_jax.orchestrator.pipeline import JointOrchestrator, PipelineSettings
-from flexmarl_jax.orchestrator.shared_training import DedicatedTraining
+from flexmarl_jax.orchestrator.agents import agent_layout, build_agent_runtimes, pool_training
+from flexmarl_jax.orchestrator.pipeline import JointOrchestrator
+from flexmarl_jax.orchestrator.run import pipeline_settings
 from flexmarl_jax.store import ExperienceStore
 from flexmarl_jax.train.algorithms import loss_config_for
-from flexmarl_jax.train.optim import OptimizerConfig
-from flexmarl_jax.train.trainer import AgentTrainer, TrainerConfig
-from flexmarl_jax.workflows import ArithmeticTask, SamplingParams, ScriptedAgent, ScriptedBackend, build_workflow
+from flexmarl_jax.workflows import ArithmeticTask, ScriptedAgent, ScriptedBackend, build_workflow
 from flexmarl_jax.workflows.oracles import chain_policies
 from flexmarl_jax.workflows.scripted import long_tail_latency
 
@@ -41,31 +40,28 @@ class ScriptedRollout:
 
 def make_orchestrator(mode="flexmarl", *, max_staleness=0, latency=None, debug=True, async_micro_batches=True,
                       seed=0, workdir=None, backend="memory"):
+    # The chain team of configs/tiny.py (solver, verifier, corrector) at this file's sizes.
+    config = RunConfig(
+        seed=seed, rollout=RolloutConfig(max_prompt_length=MAX_PROMPT, max_response_length=MAX_RESPONSE),
+        workflow=WorkflowConfig(queries_per_iteration=QUERIES, samples_per_query=SAMPLES),
+        train=TrainConfig(learning_rate=1e-2, micro_batch_size=MICRO_BATCH, max_staleness=max_staleness),
+        pipeline=PipelineConfig(mode=mode, async_micro_batches=async_micro_batches, debug_invariants=debug))
     # Every trainer on one device mesh: compiled steps are then shared by agents and tests (the consistency
     # model does not depend on where trainers run; tests/mesh covers the disaggregated layout).
     mesh = layout_devices(jax.devices(), ["all"], instances_per_agent=1, rollout_devices_per_instance=1,
                           train_devices_per_agent=1)["all"].train_mesh()
-    loss = loss_config_for("grpo")
-    trainers = {
-        agent: AgentTrainer(agent, presets.get_preset("tiny"),
-                            TrainerConfig(micro_batch_size=MICRO_BATCH, max_len=MAX_PROMPT + MAX_RESPONSE, loss=loss,
-                                          optimizer=OptimizerConfig(learning_rate=1e-2)),
-                            mesh=mesh, seed=seed + index)
-        for index, agent in enumerate(AGENTS)
-    }
+    # The agents are built without engines (no `start_engines`): the scripted backend below answers for them.
+    runtimes = build_agent_runtimes(config, agent_layout(config), train_meshes={agent: mesh for agent in AGENTS})
+    training, runtimes = pool_training(runtimes)
     task = ArithmeticTask(max_digits=1, operators="+")
     rollout = ScriptedRollout(task, latency, seed=seed)
     store = ExperienceStore.open(workdir, agents=AGENTS, backend=backend)
-    settings = PipelineSettings(mode=mode, async_micro_batches=async_micro_batches, queries_per_iteration=QUERIES,
-                                samples_per_query=SAMPLES, micro_batch_size=MICRO_BATCH,
-                                max_response_length=MAX_RESPONSE, max_staleness=max_staleness, seed=seed,
-                                debug_invariants=debug)
-    sampling = {agent: SamplingParams(max_new_tokens=MAX_RESPONSE) for agent in AGENTS}
+    loss = loss_config_for(config.train.algorithm)
     orchestrator = JointOrchestrator(
-        settings, training=DedicatedTraining(trainers), store=store,
+        pipeline_settings(config), agents=runtimes, training=training, store=store,
         workflow=build_workflow("chain", agents=AGENTS), task=task,
-        backend=rollout.backend, sync_weights=rollout.sync_weights, sampling=sampling,
-        pad_id=CharTokenizer.PAD, aggregation=loss.aggregation, estimator=loss.advantage_estimator)
+        backend=rollout.backend, sync_weights=rollout.sync_weights, aggregation=loss.aggregation,
+        estimator=loss.advantage_estimator)
     return orchestrator, rollout
 
 

@@ -7,19 +7,19 @@ import jax
 import numpy as np
 import pytest
 
+from flexmarl_jax.config import AgentConfig, RolloutConfig, RunConfig, TrainConfig, WorkflowConfig
 from flexmarl_jax.mesh.meshes import make_mesh
 from flexmarl_jax.metrics import Timeline
-from flexmarl_jax.models import presets
 from flexmarl_jax.models.tokenizer import CharTokenizer
-from flexmarl_jax.orchestrator.pipeline import JointOrchestrator, PipelineSettings
-from flexmarl_jax.orchestrator.shared_training import DedicatedTraining, SharedTraining
+from flexmarl_jax.orchestrator.agents import agent_layout, build_agent_runtimes, pool_training
+from flexmarl_jax.orchestrator.pipeline import JointOrchestrator
+from flexmarl_jax.orchestrator.run import pipeline_settings
 from flexmarl_jax.orchestrator.weight_sync import StoreWeightSync
 from flexmarl_jax.store import ExperienceStore
 from flexmarl_jax.train.algorithms import loss_config_for
 from flexmarl_jax.train.optim import OptimizerConfig
-from flexmarl_jax.train.trainer import AgentTrainer, TrainerConfig
 from flexmarl_jax.transfer import StateStore
-from flexmarl_jax.workflows import ArithmeticTask, SamplingParams, ScriptedAgent, ScriptedBackend, build_workflow
+from flexmarl_jax.workflows import ArithmeticTask, ScriptedAgent, ScriptedBackend, build_workflow
 from flexmarl_jax.workflows.oracles import PromptOracle, answer_policy
 from flexmarl_jax.workflows.scripted import long_tail_latency
 
@@ -45,29 +45,30 @@ def build(num_slices: int, *, latency=None):
     num_slices: 0 = a dedicated mesh per agent (static binding), else that many shared slices.
     """
     meshes = agent_meshes()
-    loss = loss_config_for("grpo")
-    config = TrainerConfig(micro_batch_size=MICRO_BATCH, max_len=MAX_PROMPT + MAX_RESPONSE, loss=loss,
-                           optimizer=OPTIMIZER)
-    trainers = {agent: AgentTrainer(agent, presets.get_preset("tiny"), config, mesh=meshes[index], seed=index)
-                for index, agent in enumerate(AGENTS)}
+    # No debug invariants (the default): the checker keys samples by id alone, and the mixture's proposers
+    # share ids.
+    config = RunConfig(
+        agents={agent: AgentConfig() for agent in AGENTS}, workflow=WorkflowConfig(
+            name="mixture", queries_per_iteration=QUERIES, samples_per_query=SAMPLES),
+        rollout=RolloutConfig(max_prompt_length=MAX_PROMPT, max_response_length=MAX_RESPONSE),
+        train=TrainConfig(learning_rate=OPTIMIZER.learning_rate, micro_batch_size=MICRO_BATCH))
+    # Built without engines (the scripted backend below answers for the agents), each on its own mesh.
+    runtimes = build_agent_runtimes(config, agent_layout(config), train_meshes=dict(zip(AGENTS, meshes, strict=True)),
+                                    trainer_overrides={"optimizer": OPTIMIZER})
     timeline = Timeline()
-    training = (SharedTraining(trainers, meshes[:num_slices], acquire_timeout=60, clock=timeline.now)
-                if num_slices else DedicatedTraining(trainers, clock=timeline.now))
+    training, runtimes = pool_training(runtimes, meshes[:num_slices], acquire_timeout=60, clock=timeline.now)
     task = ArithmeticTask(max_digits=1, operators="+")
     oracle = PromptOracle([p for s in range(200) for p in task.generate(QUERIES, seed=s)])
     tokenizer = CharTokenizer()
     backend = ScriptedBackend({a: ScriptedAgent(answer_policy(oracle, ACCURACY[a]), latency) for a in AGENTS},
                               seed=0, encode=lambda text: tokenizer.encode(text, add_bos=False))
-    # No debug invariants: the checker keys samples by id alone, and the mixture's proposers share ids.
-    settings = PipelineSettings(mode="flexmarl", queries_per_iteration=QUERIES, samples_per_query=SAMPLES,
-                                micro_batch_size=MICRO_BATCH, max_response_length=MAX_RESPONSE, seed=0)
+    loss = loss_config_for(config.train.algorithm)
     orchestrator = JointOrchestrator(
-        settings, training=training, store=ExperienceStore.open(None, agents=AGENTS, backend="memory"),
+        pipeline_settings(config), agents=runtimes, training=training,
+        store=ExperienceStore.open(None, agents=AGENTS, backend="memory"),
         workflow=build_workflow("mixture", proposers=PROPOSERS, aggregator="aggregator"), task=task,
         backend=backend, sync_weights=lambda agent, params, version: backend.set_policy_version(agent, version),
-        sampling={agent: SamplingParams(max_new_tokens=MAX_RESPONSE) for agent in AGENTS},
-        pad_id=CharTokenizer.PAD, aggregation=loss.aggregation, estimator=loss.advantage_estimator,
-        timeline=timeline)
+        aggregation=loss.aggregation, estimator=loss.advantage_estimator, timeline=timeline)
     return orchestrator, backend, training if num_slices else None
 
 

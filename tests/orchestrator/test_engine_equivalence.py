@@ -12,15 +12,15 @@ def _params_after_two_iterations(mode, workdir):
     config = RunConfig.from_config(apply_overrides(load_config("configs/tiny.py:smoke"), {
         "pipeline.mode": mode, "workdir": str(workdir), "pipeline.balancing": "false",
         "pipeline.debug_invariants": "true"}))
-    orchestrator, trainers, store, rollout, _ = build_orchestrator(config, resume=False)
+    orchestrator, agents, store, rollout, _ = build_orchestrator(config, resume=False)
     orchestrator.on_update_applied = None  # no checkpoints needed here
     try:
         records = [orchestrator.run_iteration(iteration) for iteration in range(2)]
     finally:
         rollout.shutdown()
         store.close()
-    flat = {agent: np.concatenate([np.ravel(np.asarray(x)) for x in jax.tree.leaves(t.params)])
-            for agent, t in trainers.items()}
+    flat = {agent: np.concatenate([np.ravel(np.asarray(x)) for x in jax.tree.leaves(runtime.trainer.params)])
+            for agent, runtime in agents.items()}
     return flat, records
 
 
