@@ -76,7 +76,7 @@ def build_orchestrator(config: RunConfig, *, timeline: metrics.Timeline | None =
         agent: slice_meshes[index % train_slices] for index, agent in enumerate(agents)})
     workflow = workflow_from_config(config.workflow)
     task = task_from_config(config.workflow)
-    common = _resume_version(os.path.join(config.workdir, CHECKPOINT_DIR), agents) if resume else None
+    common = _prepare_resume(os.path.join(config.workdir, CHECKPOINT_DIR), agents) if resume else None
     start = _restore_or_warm_up(config, runtimes, common, workflow, task)
     if timeline is None:
         saved = os.path.join(config.workdir, metrics.TIMELINE_FILENAME)
@@ -132,11 +132,8 @@ def _checkpoint(trainers, workdir: str, journal: RunJournal, record: dict, train
     save_all(trainers, os.path.join(workdir, CHECKPOINT_DIR), max_to_keep=2)
 
 
-def _resume_version(root: str, agents) -> int | None:
-    """The newest policy version with a finished checkpoint for every agent (None: nothing to resume).
-
-    Agents are saved one after another; a run killed in between leaves some agents one version ahead.
-    Those newer checkpoints belong to the iteration being redone: they are deleted here."""
+def _checkpoint_steps(root: str, agents) -> dict[str, set[int]] | None:
+    """agent -> the policy versions it has a finished checkpoint of (None: some agent has none)."""
     import orbax.checkpoint as ocp
 
     steps = {}
@@ -146,7 +143,19 @@ def _resume_version(root: str, agents) -> int | None:
             return None
         with ocp.CheckpointManager(directory) as manager:
             steps[agent] = set(manager.all_steps())
-    common = set.intersection(*steps.values())
+    return steps
+
+
+def _prepare_resume(root: str, agents) -> int | None:
+    """Returns the newest policy version every agent has a checkpoint of (None: nothing to resume), after
+    deleting the checkpoints newer than it.
+
+    Agents are saved one after another; a run killed in between leaves some agents one version ahead.
+    Those newer checkpoints belong to the iteration being redone."""
+    import orbax.checkpoint as ocp
+
+    steps = _checkpoint_steps(root, agents)
+    common = set.intersection(*steps.values()) if steps else set()
     if not common:
         return None
     newest = max(common)
