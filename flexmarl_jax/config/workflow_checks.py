@@ -24,9 +24,9 @@ def check_workflow(workflow: WorkflowConfig, agents: tuple[str, ...]) -> None:
     start_from = (f"; a workflow's options, roles, agents and shaping weights go together: start from "
                   f"--config={SHIPPED_CONFIGS[workflow.name]}" if workflow.name in SHIPPED_CONFIGS else "")
     allowed_options, allowed_weights = workflow_options(workflow.name), sorted(SHAPING_DEFAULTS[workflow.name])
-    foreign = [f"options {sorted(set(workflow.options) - set(allowed_options))}",
-               f"shaping_weights {sorted(set(workflow.shaping_weights) - set(allowed_weights))}"]
-    foreign = [part for part in foreign if not part.endswith("[]")]
+    unknown = {"options": sorted(set(workflow.options) - set(allowed_options)),
+               "shaping_weights": sorted(set(workflow.shaping_weights) - set(allowed_weights))}
+    foreign = [f"{section} {keys}" for section, keys in unknown.items() if keys]
     if foreign:  # typically another workflow's sections, after switching workflow.name
         raise ConfigError(f"config.workflow.name={workflow.name!r} does not take config.workflow "
                           f"{' and '.join(foreign)}; it takes options {', '.join(allowed_options)} and "
@@ -50,11 +50,9 @@ def _check_task(workflow: WorkflowConfig) -> None:
     from flexmarl_jax.workflows.tasks import TASK_BUILDERS
 
     for name, section in workflow.task_options.items():
-        if name == "jsonl":
-            from flexmarl_jax.workflows import dataset  # noqa: F401  (registers "jsonl")
         if name not in TASK_BUILDERS:
             raise ConfigError(f"config.workflow.task_options.{name}: no task {name!r}; "
-                              f"tasks: {', '.join(sorted(set(TASK_BUILDERS) | {'jsonl'}))}")
+                              f"tasks: {', '.join(sorted(TASK_BUILDERS))}")
         unknown = sorted(set(section) - task_option_names(name))
         if unknown:
             raise ConfigError(f"config.workflow.task_options.{name}: task {name!r} has no option(s) {unknown}; "

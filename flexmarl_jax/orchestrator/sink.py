@@ -200,15 +200,17 @@ class StoreSink:
         debater), and the store records a version for every dependency of every row of an append.
         """
         by_key: dict[tuple[str, int, tuple[str, ...]], list[_Group]] = collections.defaultdict(list)
+        versions_by_id: dict[int, list[dict[str, int]]] = {}  # id(group) -> each record's versions
         for group in groups:
-            dependencies = tuple(sorted({a for r in group.records for a in self.versions_of(r)}))
+            versions_by_id[id(group)] = [self.versions_of(r) for r in group.records]
+            dependencies = tuple(sorted({a for v in versions_by_id[id(group)] for a in v}))
             by_key[(group.agent, len(group.records), dependencies)].append(group)
         for (agent, group_size, dependencies), same in by_key.items():
             records = [r for group in same for r in group.records]
             group_rewards = [np.asarray([g.rewards[r.sample_id] for r in g.records], np.float32) for g in same]
             rewards = np.concatenate(group_rewards)
             advantages = np.concatenate([np.asarray(self.advantage_fn(r), np.float32) for r in group_rewards])
-            versions = [self.versions_of(r) for r in records]
+            versions = [v for group in same for v in versions_by_id[id(group)]]
             if self._on_generated is not None:  # before the rows become claimable
                 for record, record_versions in zip(records, versions, strict=True):
                     self._on_generated(record, record_versions)

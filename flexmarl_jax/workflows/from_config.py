@@ -51,8 +51,6 @@ def task_key(task: str) -> str:
 
 def task_option_names(name: str) -> set[str]:
     """The keyword arguments task `name`'s constructor takes (for checking config sections)."""
-    if name == "jsonl":
-        from flexmarl_jax.workflows import dataset  # noqa: F401  (registers "jsonl")
     builder = TASK_BUILDERS[name]
     if dataclasses.is_dataclass(builder):
         return {field.name for field in dataclasses.fields(builder)}
