@@ -70,9 +70,16 @@ def _task_rule(task: str) -> str | None:
 
 
 def _model_rule(model: str) -> str | None:
-    """A model preset or a local Hugging Face checkpoint directory."""
+    """A model preset or a local Hugging Face checkpoint directory whose config, tokenizer and weight files
+    are there and fit each other (read without loading weights)."""
     if os.path.isdir(model):
-        return None if os.path.isfile(os.path.join(model, "config.json")) else "is a directory without config.json"
+        from flexmarl_jax.models.hf_directory import inspect_checkpoint_dir
+
+        try:
+            inspect_checkpoint_dir(model)
+        except (ValueError, OSError) as error:
+            return f"is not a usable checkpoint: {error}"
+        return None
     try:
         from flexmarl_jax.models import presets
     except ImportError:  # the model package is optional for config-only use
@@ -171,8 +178,13 @@ class MeshConfig(Section):
                                            help="devices in each agent's training mesh (fsdp x tp)")
     tp: int = setting(1, rule=positive, help="tensor-parallel degree inside a training mesh")
     train_slices: int = setting(0, help="training slices shared by all agents; 0 = a dedicated slice per agent")
+    colocate: bool = setting(False, help="agents' rollout and training share devices (one GPU, a CPU with one "
+                             "device): each agent's engines run on its training devices, agents reuse devices")
 
     def check(self, path: str) -> None:
+        if self.colocate and self.train_slices:
+            raise ConfigError(f"config.{path}.colocate=True puts each agent's training on its own (shared) devices; "
+                              f"it cannot be combined with {path}.train_slices={self.train_slices}")
         if self.train_devices_per_agent % self.tp:
             raise ConfigError(f"config.{path}.tp={self.tp} must divide "
                               f"{path}.train_devices_per_agent={self.train_devices_per_agent}")

@@ -2,7 +2,9 @@
 
 Disaggregated modes (`sync`, `flexmarl`) give every agent its own rollout devices (one group per engine
 instance) and its own training devices, all disjoint. The `serial` mode colocates: an agent's rollout
-instances run on its training devices, as naive single-agent RL moved to multi-agent does.
+instances run on its training devices, as naive single-agent RL moved to multi-agent does. `mesh.colocate`
+goes further for machines with fewer devices than agents (one GPU, a CPU with one device): every agent's
+rollout and training share its devices, and agents reuse devices in turn once every device is taken.
 """
 
 from __future__ import annotations
@@ -31,20 +33,25 @@ class AgentDevices:
 
 def layout_devices(devices: Sequence, agents: Sequence[str], *, instances_per_agent: int,
                    rollout_devices_per_instance: int, train_devices_per_agent: int,
-                   colocate: bool = False) -> dict[str, AgentDevices]:
+                   colocate: bool = False, share_between_agents: bool = False) -> dict[str, AgentDevices]:
     """Assigns devices to agents in order: each agent's rollout groups, then its training group.
 
-    With `colocate`, rollout instances reuse the agent's training devices (one device group each).
+    With `colocate`, rollout instances reuse the agent's training devices (one device group each). With
+    `share_between_agents` (implies colocate) agents wrap around the device list: agent i trains on devices
+    ``[i*t, (i+1)*t)`` modulo the device count, so one device can serve a whole team.
     """
     devices = list(devices)
+    colocate = colocate or share_between_agents
     per_agent = train_devices_per_agent + (0 if colocate else instances_per_agent * rollout_devices_per_instance)
-    needed = per_agent * len(agents)
+    needed = per_agent if share_between_agents else per_agent * len(agents)
     if needed > len(devices):
-        raise ValueError(f"the layout needs {needed} devices ({len(agents)} agents x {per_agent}) "
-                         f"but {len(devices)} exist")
+        count = "" if share_between_agents else f"{len(agents)} agents x "
+        raise ValueError(f"the layout needs {needed} devices ({count}{per_agent}) but {len(devices)} exist")
     layout, cursor = {}, 0
     for agent in agents:
         if colocate:
+            if cursor + train_devices_per_agent > len(devices):
+                cursor = 0  # only reached when sharing: start over at the first device
             train = tuple(devices[cursor:cursor + train_devices_per_agent])
             cursor += train_devices_per_agent
             groups = tuple(train for _ in range(instances_per_agent))

@@ -25,12 +25,12 @@ from typing import Any
 import jax
 from jax.sharding import Mesh
 
-from flexmarl_jax.config import AgentConfig, RunConfig
+from flexmarl_jax.config import RunConfig
 from flexmarl_jax.mesh.layout import AgentDevices, layout_devices
 from flexmarl_jax.mesh.meshes import make_mesh
-from flexmarl_jax.models import presets
 from flexmarl_jax.models.config import ModelConfig
-from flexmarl_jax.models.tokenizer import CharTokenizer, Tokenizer
+from flexmarl_jax.models.sources import ModelSource, resolve_model
+from flexmarl_jax.models.tokenizer import Tokenizer
 from flexmarl_jax.orchestrator.shared_training import DedicatedTraining, SharedTraining, TrainingPool
 from flexmarl_jax.train.from_config import trainer_config_for
 from flexmarl_jax.train.trainer import AgentTrainer, TrainerConfig
@@ -74,13 +74,14 @@ class AgentRuntime:
 
 def agent_layout(config: RunConfig) -> dict[str, AgentDevices]:
     """Each agent's rollout and training devices (`mesh.layout.layout_devices`) for a config. With shared
-    training slices (`mesh.train_slices`) agents get no training devices of their own."""
+    training slices (`mesh.train_slices`) agents get no training devices of their own; with `mesh.colocate`
+    each agent's rollout runs on its training devices, and agents share devices when there are too few."""
     mesh = config.mesh
     return layout_devices(jax.devices(), team_agents(config.workflow),
                           instances_per_agent=config.rollout.instances_per_agent,
                           rollout_devices_per_instance=mesh.rollout_devices_per_instance,
                           train_devices_per_agent=0 if mesh.train_slices else mesh.train_devices_per_agent,
-                          colocate=config.pipeline.mode == "serial")
+                          colocate=config.pipeline.mode == "serial", share_between_agents=mesh.colocate)
 
 
 def training_slice_meshes(config: RunConfig, layout: Mapping[str, AgentDevices], train_slices: int) -> list[Mesh]:
@@ -97,13 +98,6 @@ def training_slice_meshes(config: RunConfig, layout: Mapping[str, AgentDevices],
             for i in range(train_slices)]
 
 
-def tokenizer_for(agent_config: AgentConfig) -> Tokenizer:
-    """An agent's tokenizer. Every model preset is character-level today; a real checkpoint's agent would
-    get its own tokenizer here."""
-    del agent_config
-    return CharTokenizer()
-
-
 def sampling_for(config: RunConfig, agent: str) -> SamplingParams:
     """How ``agent``'s rollouts sample: its own temperature, top-k and top-p; the run's response cap."""
     settings = config.agents[agent]
@@ -118,25 +112,34 @@ def agent_trainer_config(config: RunConfig, agent: str) -> TrainerConfig:
                                max_len=config.rollout.max_prompt_length + config.rollout.max_response_length)
 
 
+def model_sources(config: RunConfig) -> dict[str, ModelSource]:
+    """agent -> its model source (`agents.<name>.model`: a preset, or a checkpoint directory read and checked
+    without loading weights), in first-call order."""
+    return {agent: resolve_model(config.agents[agent].model) for agent in team_agents(config.workflow)}
+
+
 def build_agent_runtimes(config: RunConfig, layout: Mapping[str, AgentDevices], *,
+                         sources: Mapping[str, ModelSource] | None = None,
                          train_meshes: Mapping[str, Mesh] | None = None,
                          trainer_overrides: Mapping[str, Any] | None = None) -> dict[str, AgentRuntime]:
     """agent -> its runtime (no engines yet: `rollout_setup.start_engines`), in first-call order.
 
     layout: agent -> its devices (`agent_layout`); each trainer is built on its training mesh unless
         ``train_meshes[agent]`` names another (a shared slice, or one mesh for every agent in tests).
+    sources: agent -> its `ModelSource` (default: `model_sources(config)`). A checkpoint's weights load straight
+        onto the agent's training mesh; a preset is initialised with seed ``config.seed * 1000 + i`` (agent i).
     trainer_overrides: TrainerConfig fields to replace for every agent (what a RunConfig cannot express,
         e.g. an optimizer with another eps in tests).
-    Agent i of the team is initialised with seed ``config.seed * 1000 + i``.
     """
+    sources = model_sources(config) if sources is None else sources
     runtimes = {}
     for index, agent in enumerate(team_agents(config.workflow)):
-        model_config = presets.get_preset(config.agents[agent].model)
+        source = sources[agent]
         trainer_config = dataclasses.replace(agent_trainer_config(config, agent), **(trainer_overrides or {}))
         mesh = train_meshes[agent] if train_meshes is not None else layout[agent].train_mesh(config.mesh.tp)
-        trainer = AgentTrainer(agent, model_config, trainer_config, mesh=mesh, seed=config.seed * 1000 + index)
-        runtimes[agent] = AgentRuntime(name=agent, model_config=model_config,
-                                       tokenizer=tokenizer_for(config.agents[agent]),
+        trainer = AgentTrainer(agent, source.model_config, trainer_config, mesh=mesh,
+                               seed=config.seed * 1000 + index, initial=source.initial_weights(mesh=mesh))
+        runtimes[agent] = AgentRuntime(name=agent, model_config=source.model_config, tokenizer=source.tokenizer,
                                        sampling=sampling_for(config, agent), devices=layout[agent], trainer=trainer)
     return runtimes
 

@@ -370,6 +370,8 @@ class JointOrchestrator:
                 "micro_batches": stats[agent].micro_batches,
                 "first_claim_s": stats[agent].first_claim_s,
                 "requests": result.load[agent].requests if agent in result.load else 0,
+                # later turns skipped because quoted responses pushed their prompt past rollout.max_prompt_length
+                "overflowed": result.load[agent].overflowed if agent in result.load else 0,
                 "entropy": stats[agent].neg_logprob_sum / stats[agent].tokens if stats[agent].tokens else None,
                 "kl": metrics.get("kl"),
                 "clip_frac": metrics.get("clip_fraction"),

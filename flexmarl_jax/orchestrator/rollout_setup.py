@@ -1,10 +1,12 @@
 """Builds the rollout side of a run: each agent's engine instances on its rollout devices (kept on its
 `AgentRuntime`, with the shardings its weight sync targets), and the team's backend the workflow talks to.
 
+Each agent's prompts are tokenised with its own tokenizer (agents of one team may run different checkpoints).
 With `pipeline.balancing` (flexmarl mode) the backend is hierarchical load balancing: a RequestRouter
 (per-agent queues, least-loaded dispatch, timeouts and re-queues) plus an InstanceBalancer that moves
-instances between agents; a moved instance loads its new agent's last synced weights, and later syncs
-reach it through the router. Otherwise it is the plain least-loaded EngineBackend.
+instances between agents that run the same model with the same tokenizer; a moved instance loads its new
+agent's last synced weights, and later syncs reach it through the router.
+Otherwise it is the plain least-loaded EngineBackend.
 
 Balancing knobs: pipeline.balance_delta, pipeline.balance_cooldown_s, pipeline.balance_poll_s,
 rollout.min_instances_per_agent, rollout.request_timeout_s (0 = none), rollout.max_retries.
@@ -20,7 +22,6 @@ from typing import Any
 from flexmarl_jax.config import RunConfig
 from flexmarl_jax.metrics import Timeline
 from flexmarl_jax.models.functional import param_shardings
-from flexmarl_jax.models.tokenizer import Tokenizer
 from flexmarl_jax.orchestrator.agents import AgentRuntime
 from flexmarl_jax.rollout.backend import EngineBackend
 from flexmarl_jax.rollout.balancer import InstanceBalancer
@@ -117,25 +118,15 @@ def start_engines(config: RunConfig, runtimes: Mapping[str, AgentRuntime], timel
             rollout_shardings=param_shardings(trainer.params, devices.rollout_mesh(0)))
     instances = {agent: list(runtime.instances) for agent, runtime in started.items()}
     every_instance = tuple(instance for runtime in started.values() for instance in runtime.instances)
-    tokenizer = team_tokenizer(started)
+    tokenizers = {agent: runtime.tokenizer for agent, runtime in started.items()}
     if config.pipeline.balancing and config.pipeline.mode == "flexmarl":
         weights = {agent: (runtime.trainer.params, runtime.trainer.policy_version)
                    for agent, runtime in started.items()}
-        backend, balancer = build_balanced_backend(config, instances, tokenizer, timeline, weights)
+        backend, balancer = build_balanced_backend(config, instances, tokenizers, timeline, weights)
         return started, RolloutHandle(backend=backend, sync_weights=backend.update_params, instances=every_instance,
                                       balancer=balancer)
-    backend = EngineBackend(instances, tokenizer)
+    backend = EngineBackend(instances, tokenizers)
     return started, RolloutHandle(backend=backend, sync_weights=backend.update_params, instances=every_instance)
-
-
-def team_tokenizer(runtimes: Mapping[str, AgentRuntime]) -> Tokenizer:
-    """The one tokenizer the backend encodes every agent's prompts with (and instances keep when balancing
-    moves them to another agent): the agents' tokenizers must agree until the backend takes one per agent."""
-    tokenizers = [runtime.tokenizer for runtime in runtimes.values()]
-    kinds = {(type(t).__name__, t.vocab_size, t.bos_id, t.eos_id, t.pad_id) for t in tokenizers}
-    if len(kinds) > 1:
-        raise ValueError(f"one rollout backend serves every agent, but the agents' tokenizers differ: {sorted(kinds)}")
-    return tokenizers[0]
 
 
 def balancing_settings(config: RunConfig) -> dict[str, Any]:
@@ -151,10 +142,11 @@ def balancing_settings(config: RunConfig) -> dict[str, Any]:
     }
 
 
-def build_balanced_backend(config: RunConfig, instances: dict[str, list[EngineInstance]], tokenizer,
+def build_balanced_backend(config: RunConfig, instances: dict[str, list[EngineInstance]], tokenizers,
                            timeline: Timeline, weights: dict[str, tuple[Any, int]], *, start: bool = True
                            ) -> tuple[RoutedBackend, InstanceBalancer]:
-    """Router + balancer over `instances`; `weights` are each agent's (params, version) served now."""
+    """Router + balancer over `instances`; `tokenizers` agent -> its tokenizer; `weights` are each agent's
+    (params, version) served now. Instances move only between agents of one model and tokenizer."""
     knobs = balancing_settings(config)
 
     def relabel(instance: RoutableInstance, from_agent: str, to_agent: str) -> None:
@@ -166,4 +158,4 @@ def build_balanced_backend(config: RunConfig, instances: dict[str, list[EngineIn
     balancer = InstanceBalancer(router, delta=knobs["delta"], cooldown_s=knobs["cooldown_s"],
                                 poll_interval_s=knobs["poll_interval_s"],
                                 min_instances_per_agent=knobs["min_instances_per_agent"], timeline=timeline)
-    return RoutedBackend(router, tokenizer, start=start, services=[balancer]), balancer
+    return RoutedBackend(router, tokenizers, start=start, services=[balancer]), balancer

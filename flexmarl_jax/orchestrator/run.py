@@ -26,6 +26,7 @@ from flexmarl_jax.orchestrator.agents import (
 )
 from flexmarl_jax.orchestrator.journal import RunJournal
 from flexmarl_jax.orchestrator.pipeline import JointOrchestrator, PipelineSettings
+from flexmarl_jax.orchestrator.preflight import Preflight, preflight
 from flexmarl_jax.orchestrator.rollout_setup import RolloutHandle, start_engines
 from flexmarl_jax.orchestrator.warmup import run_warmup, warmup_examples
 from flexmarl_jax.orchestrator.weight_sync import StoreWeightSync
@@ -34,7 +35,7 @@ from flexmarl_jax.train.algorithms import loss_config_for
 from flexmarl_jax.train.checkpoint import restore_trainer, save_all
 from flexmarl_jax.transfer import StateStore
 from flexmarl_jax.workflows import Task, Workflow
-from flexmarl_jax.workflows.from_config import task_from_config, team_agents, workflow_from_config
+from flexmarl_jax.workflows.from_config import team_agents
 
 logger = logging.getLogger(__name__)
 
@@ -62,8 +63,12 @@ def pipeline_settings(config: RunConfig) -> PipelineSettings:
 
 
 def build_orchestrator(config: RunConfig, *, timeline: metrics.Timeline | None = None,
-                       resume: bool = True) -> BuiltRun:
-    """Everything a run needs, its agents built by `agents.build_agent_runtimes` (see `BuiltRun`)."""
+                       resume: bool = True, checked: Preflight | None = None) -> BuiltRun:
+    """Everything a run needs, its agents built by `agents.build_agent_runtimes` (see `BuiltRun`).
+
+    checked: what `preflight(config)` returned (it is run here when not given).
+    """
+    checked = preflight(config) if checked is None else checked
     agents = team_agents(config.workflow)
     train_slices = config.mesh.train_slices
     if train_slices and config.pipeline.mode == "serial":
@@ -72,10 +77,11 @@ def build_orchestrator(config: RunConfig, *, timeline: metrics.Timeline | None =
     layout = agent_layout(config)
     slice_meshes = training_slice_meshes(config, layout, train_slices) if train_slices else None
     # With shared slices, agent i starts on slice i mod S (its state is offloaded to host right after setup).
-    runtimes = build_agent_runtimes(config, layout, train_meshes=None if slice_meshes is None else {
-        agent: slice_meshes[index % train_slices] for index, agent in enumerate(agents)})
-    workflow = workflow_from_config(config.workflow)
-    task = task_from_config(config.workflow)
+    runtimes = build_agent_runtimes(config, layout, sources=checked.sources,
+                                    train_meshes=None if slice_meshes is None else {
+                                        agent: slice_meshes[index % train_slices]
+                                        for index, agent in enumerate(agents)})
+    workflow, task = checked.workflow, checked.task
     common = _prepare_resume(os.path.join(config.workdir, CHECKPOINT_DIR), agents) if resume else None
     start = _restore_or_warm_up(config, runtimes, common, workflow, task)
     if timeline is None:
@@ -180,12 +186,13 @@ def _begin_attempt(orchestrator: JointOrchestrator, journal: RunJournal, iterati
 
 def run_training(config: RunConfig) -> int:
     """Runs `config.iterations` iterations (resuming from the workdir); returns a process exit code."""
+    checked = preflight(config)  # models, prompts and memory checked before anything is written
     workdir = config.workdir
     os.makedirs(workdir, exist_ok=True)
     with open(os.path.join(workdir, "config.json"), "w") as handle:
         handle.write(config.to_json(indent=1))  # the typed config, every field (RunConfig.to_dict)
     started = time.monotonic()
-    orchestrator, _agents, store, rollout, start = build_orchestrator(config)
+    orchestrator, _agents, store, rollout, start = build_orchestrator(config, checked=checked)
     timeline = orchestrator.timeline
     orchestrator.set_horizon(config.iterations)
     writer = metrics.MetricsWriter(workdir)

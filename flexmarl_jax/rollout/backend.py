@@ -1,6 +1,7 @@
 """`EngineBackend`: the workflows' `GenerationBackend` served by engine instances.
 
-`submit` tokenises the prompt, picks the instance of the request's agent with the
+`submit` tokenises the prompt with the request's agent's tokenizer (a `ChatPrompt` is first rendered with
+that tokenizer's chat template), picks the instance of the request's agent with the
 least outstanding work (`routed_backend.RoutedBackend` sends it through a RequestRouter instead),
 enqueues one `RolloutRequest` (all samples share one prefill) and returns a future that
 resolves with one `Completion` per sample, in sample order.
@@ -16,7 +17,7 @@ from typing import Any
 from flexmarl_jax.rollout.engine import SlotSampling
 from flexmarl_jax.rollout.instance import EngineInstance
 from flexmarl_jax.rollout.loop import RolloutRequest, SequenceResult
-from flexmarl_jax.workflows.generation import Completion, GenerationRequest
+from flexmarl_jax.workflows.generation import ChatPrompt, Completion, GenerationRequest, PromptTooLong
 
 
 class EngineBackend:
@@ -24,17 +25,23 @@ class EngineBackend:
 
     Args:
       instances: agent name -> its EngineInstances (at least one each).
-      tokenizer: our Tokenizer; prompts get a BOS when the tokenizer has one.
+      tokenizers: agent name -> its Tokenizer, or one Tokenizer for every agent; plain prompts get a BOS
+        when the tokenizer has one, chat prompts whatever the agent's chat template writes.
       start: start every instance's thread now (and stop them in `close()`); with False the
         caller drives the instances with `step()`.
     """
 
-    def __init__(self, instances: Mapping[str, Sequence[EngineInstance]], tokenizer: Any, *, start: bool = True):
+    def __init__(self, instances: Mapping[str, Sequence[EngineInstance]], tokenizers: Any, *, start: bool = True):
         for agent, agent_instances in instances.items():
             if not agent_instances:
                 raise ValueError(f"agent {agent!r} has no engine instance; every agent needs at least one")
         self.instances = {agent: list(agent_instances) for agent, agent_instances in instances.items()}
-        self.tokenizer = tokenizer
+        if not isinstance(tokenizers, Mapping):
+            tokenizers = {agent: tokenizers for agent in self.instances}
+        missing = sorted(set(self.instances) - set(tokenizers))
+        if missing:
+            raise ValueError(f"agents {missing} have instances but no tokenizer")
+        self.tokenizers = dict(tokenizers)
         self._started = start
         if start:
             for agent_instances in self.instances.values():
@@ -53,10 +60,15 @@ class EngineBackend:
         seed = sampling.seed if sampling.seed is not None else zlib.crc32(request.request_id.encode())
         future: concurrent.futures.Future[list[Completion]] = concurrent.futures.Future()
         future.set_running_or_notify_cancel()
-        prompt_ids = tuple(self.tokenizer.encode(request.prompt, add_bos=True))
+        tokenizer = self.tokenizers[request.agent]
+        prompt_ids = tuple(encode_prompt(tokenizer, request.prompt, request.request_id))
+        limit = self.max_prompt_length(request.agent)
+        if limit is not None and len(prompt_ids) > limit:
+            raise PromptTooLong(f"request {request.request_id!r}: the prompt has {len(prompt_ids)} tokens, more than "
+                                f"rollout.max_prompt_length={limit}")
 
         def on_done(results: list[SequenceResult]) -> None:
-            future.set_result([self._completion(r) for r in results])
+            future.set_result([self._completion(r, tokenizer) for r in results])
 
         rollout_request = RolloutRequest(
             prompt_ids=prompt_ids,
@@ -83,6 +95,17 @@ class EngineBackend:
 
         return min(self.instances[agent], key=key)
 
+    def max_prompt_length(self, agent: str) -> int | None:
+        """The longest prompt, in tokens, `agent`'s engines take (None when they keep the tail of longer ones)."""
+        configs = [instance.engine.config for instance in self.instances[agent]]
+        if any(config.truncate_long_prompts for config in configs):
+            return None
+        return min(config.max_prefill_length for config in configs)
+
+    def decode_tokens(self, agent: str, token_ids: Sequence[int]) -> str:
+        """Text of `token_ids` in `agent`'s tokenizer (the workflow cuts quoted responses with it)."""
+        return self.tokenizers[agent].decode(token_ids)
+
     def update_params(self, agent: str, params: Any, version: int) -> None:
         """Hands new weights to every instance of `agent` (applied at each one's next step boundary)."""
         for instance in self.instances[agent]:
@@ -101,12 +124,25 @@ class EngineBackend:
     def __exit__(self, *exc_info) -> None:
         self.close()
 
-    def _completion(self, result: SequenceResult) -> Completion:
+    @staticmethod
+    def _completion(result: SequenceResult, tokenizer: Any) -> Completion:
         return Completion(
-            text=self.tokenizer.decode(result.token_ids),
+            text=tokenizer.decode(result.token_ids),
             prompt_token_ids=result.prompt_ids,
             token_ids=result.token_ids,
             logprobs=result.logprobs,
             finish_reason=result.finish_reason,
             policy_version=result.policy_version,
         )
+
+
+def encode_prompt(tokenizer: Any, prompt: str | ChatPrompt, request_id: str = "") -> list[int]:
+    """Token ids of a plain prompt (BOS first when the tokenizer has one) or of a `ChatPrompt` rendered with the
+    tokenizer's chat template (which writes its own BOS, if any). ValueError for a chat prompt to a tokenizer
+    without a chat template."""
+    if not isinstance(prompt, ChatPrompt):
+        return tokenizer.encode(prompt, add_bos=True)
+    if getattr(tokenizer, "chat_template", None) is None:
+        raise ValueError(f"request {request_id!r}: a chat prompt needs a tokenizer with a chat template; "
+                         f"{type(tokenizer).__name__} has none (use plain prompts: workflow.options.chat=False)")
+    return tokenizer.encode(tokenizer.render_chat(prompt.messages, add_generation_prompt=True), add_bos=False)

@@ -135,9 +135,10 @@ class EngineInstance:
         return self.engine.max_concurrent_decodes
 
     @property
-    def architecture(self) -> tuple[str, str]:
-        """The model and engine config: another instance can serve this one's weights only if they match."""
-        return (repr(self.engine.model_config), repr(self.engine.config))
+    def architecture(self) -> tuple[str, str, str]:
+        """The model, engine config and tokenizer: an instance can serve another agent only if they match (its
+        weights must fit the model, and that agent's prompts are tokenised with that agent's tokenizer)."""
+        return (repr(self.engine.model_config), repr(self.engine.config), tokenizer_identity(self.engine.tokenizer))
 
     @property
     def policy_version(self) -> int:
@@ -262,3 +263,12 @@ class EngineInstance:
 def _signature(params: Any):
     leaves, treedef = jax.tree.flatten(params)
     return treedef, tuple((tuple(x.shape), str(x.dtype)) for x in leaves)
+
+
+def tokenizer_identity(tokenizer: Any) -> str:
+    """What makes two tokenizers interchangeable: their vocabulary and special ids (an HF tokenizer's whole
+    definition when it has one)."""
+    identity = getattr(tokenizer, "identity", None)
+    if identity is not None:
+        return identity
+    return repr((type(tokenizer).__name__, tokenizer.vocab_size, tokenizer.bos_id, tokenizer.eos_id, tokenizer.pad_id))

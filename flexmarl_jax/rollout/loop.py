@@ -349,7 +349,8 @@ class RolloutLoop:
         data = result.convert_to_numpy()
         tokens = data.data[:, data.tokens_idx[0]]
         logprobs = data.logprobs()[:, 0]
-        eos = self.tokenizer.eos_id
+        # Every end-of-sequence id of the checkpoint ends a sequence (chat models list several).
+        eos_ids = frozenset(getattr(self.tokenizer, "stop_ids", None) or (self.tokenizer.eos_id,))
         for slot, sequence in enumerate(owners):
             if sequence is None or sequence.finish_reason is not None or self._slots[slot] is not sequence:
                 continue
@@ -358,7 +359,7 @@ class RolloutLoop:
             sequence.token_ids.append(token)
             sequence.logprobs.append(float(logprobs[slot]))
             self.generated_tokens += 1
-            stopped = (token == eos and not request.ignore_eos) or token in request.stop_token_ids
+            stopped = (token in eos_ids and not request.ignore_eos) or token in request.stop_token_ids
             if stopped or self._hit_stop_string(sequence):
                 self._finish(sequence, "stop")
             elif len(sequence.token_ids) >= request.max_new_tokens:

@@ -21,15 +21,16 @@ class RoutedBackend(EngineBackend):
 
     Args:
       router: routes every agent's requests over its instances.
-      tokenizer: our Tokenizer; prompts get a BOS when the tokenizer has one.
+      tokenizers: agent -> its Tokenizer, or one for every agent (as EngineBackend).
       start: start every instance's thread (and stop them in `close()`).
       services: objects with `start()`/`stop()` run alongside (the balancer, the timeout monitor); started
         now when `start`, stopped first in `close()`.
     """
 
-    def __init__(self, router: RequestRouter, tokenizer: Any, *, start: bool = True, services: Sequence[Any] = ()):
+    def __init__(self, router: RequestRouter, tokenizers: Any, *, start: bool = True,
+                 services: Sequence[Any] = ()):
         instances = {agent: router.instances_of(agent, include_incoming=True) for agent in router.agents}
-        super().__init__(instances, tokenizer, start=start)
+        super().__init__(instances, tokenizers, start=start)
         self.router = router
         self.services = list(services)
         if start:

@@ -20,7 +20,13 @@ from flexmarl_jax.workflows.executor import (
     WorkflowExecutionError,
     WorkflowExecutor,
 )
-from flexmarl_jax.workflows.generation import Completion, GenerationBackend, GenerationRequest, SamplingParams
+from flexmarl_jax.workflows.generation import (
+    ChatPrompt,
+    Completion,
+    GenerationBackend,
+    GenerationRequest,
+    SamplingParams,
+)
 from flexmarl_jax.workflows.graph import (
     Edge,
     Node,
@@ -45,6 +51,7 @@ from flexmarl_jax.workflows.tasks import (
 )
 
 __all__ = [
+    "ChatPrompt",
     "AgentLoad",
     "ArithmeticTask",
     "CallRecord",

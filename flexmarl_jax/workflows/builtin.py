@@ -11,9 +11,10 @@ from __future__ import annotations
 import collections
 import inspect
 from collections.abc import Callable, Mapping, Sequence
-from typing import Any
+from typing import Any, NamedTuple
 
 from flexmarl_jax.workflows import rewards as shaping
+from flexmarl_jax.workflows.chat_prompts import CHAIN_CHAT, DEBATE_CHAT, MIXTURE_CHAT
 from flexmarl_jax.workflows.graph import (
     Edge,
     Node,
@@ -75,6 +76,39 @@ def _templates(
     return {**defaults, **overrides}
 
 
+# Chat models write reasoning before the answer, so answer nodes parse the final answer out of it.
+CHAT_ANSWER_PARSER = "math"
+# What a chat prompt quotes of an upstream response, in the producing agent's tokens.
+DEFAULT_MAX_FIELD_TOKENS = 256
+
+
+class RolePrompt(NamedTuple):
+    """One role's prompt: `system` is None for a plain text prompt; `parser` reads its answers."""
+
+    system: str | None
+    template: str
+    parser: str
+
+
+def _role_prompts(
+    plain: Mapping[str, str],
+    chat_prompts: Mapping[str, tuple[str, str]],
+    templates: Mapping[str, str] | None,
+    system_prompts: Mapping[str, str] | None,
+    chat: bool,
+    workflow: str,
+) -> dict[str, RolePrompt]:
+    """Each role's prompt: the terse plain templates, or with `chat` the natural-language chat prompts;
+    `templates` overrides the (user) templates and `system_prompts` the chat system prompts."""
+    texts = _templates(plain if not chat else {k: v[1] for k, v in chat_prompts.items()}, templates, workflow)
+    if not chat:
+        if system_prompts:
+            raise WorkflowError(f"workflow {workflow!r}: system_prompts need chat=True")
+        return {role: RolePrompt(None, text, "answer") for role, text in texts.items()}
+    systems = _templates({k: v[0] for k, v in chat_prompts.items()}, system_prompts, workflow)
+    return {role: RolePrompt(systems[role], texts[role], CHAT_ANSWER_PARSER) for role in texts}
+
+
 def _weights(
     team_weight: float, defaults: Mapping[str, float], overrides: Mapping[str, float] | None, workflow: str
 ) -> RewardWeights:
@@ -105,6 +139,9 @@ def chain(
     team_weight: float = 1.0,
     shaping_weights: Mapping[str, float] | None = None,
     max_field_chars: int | None = 8,
+    chat: bool = False,
+    system_prompts: Mapping[str, str] | None = None,
+    max_field_tokens: int = DEFAULT_MAX_FIELD_TOKENS,
 ) -> Workflow:
     """solver -> verifier ("Y"/"N") -> corrector. Final answer: the corrector's if it ran, else the solver's.
 
@@ -114,17 +151,22 @@ def chain(
       corrector_runs: a condition on the verdict ("rejected" by default, "always" for an unconditional chain).
       shaping_weights: overrides of CHAIN_SHAPING: solver_correct (solver's own answer right),
         verifier_judgement (verdict matches the truth of the solver's answer), corrector_fix (wrong -> right).
+      chat: chat prompts (chat_prompts.CHAIN_CHAT) for chat models instead of the terse templates;
+        system_prompts overrides their system prompts, max_field_tokens caps each quoted response.
     """
     if len(agents) != 3:
         raise WorkflowError(f"chain needs 3 agents (solver, verifier, corrector), got {list(agents)}")
-    texts = _templates(CHAIN_TEMPLATES, templates, "chain")
+    prompts = _role_prompts(CHAIN_TEMPLATES, CHAIN_CHAT, templates, system_prompts, chat, "chain")
     solver, verifier, corrector = agents
     return Workflow(
         "chain",
         nodes=[
-            Node("solver", solver, texts["solver"]),
-            Node("verifier", verifier, texts["verifier"], parser="verdict"),
-            Node("corrector", corrector, texts["corrector"]),
+            Node("solver", solver, prompts["solver"].template, prompts["solver"].parser,
+                 system=prompts["solver"].system),
+            Node("verifier", verifier, prompts["verifier"].template, parser="verdict",
+                 system=prompts["verifier"].system),
+            Node("corrector", corrector, prompts["corrector"].template, prompts["corrector"].parser,
+                 system=prompts["corrector"].system),
         ],
         edges=[
             Edge("solver", "verifier"),
@@ -151,6 +193,7 @@ def chain(
         ],
         reward_weights=_weights(team_weight, CHAIN_SHAPING, shaping_weights, "chain"),
         max_field_chars=max_field_chars,
+        max_field_tokens=max_field_tokens if chat else None,
     )
 
 
@@ -182,6 +225,9 @@ def debate(
     team_weight: float = 1.0,
     shaping_weights: Mapping[str, float] | None = None,
     max_field_chars: int | None = 6,
+    chat: bool = False,
+    system_prompts: Mapping[str, str] | None = None,
+    max_field_tokens: int = DEFAULT_MAX_FIELD_TOKENS,
 ) -> Workflow:
     """N debaters for R rounds; round r > 0 sees all round r-1 answers ({inputs}, in agent order).
 
@@ -193,6 +239,7 @@ def debate(
       judge: the judge's agent name (used only with aggregate="judge").
       templates: overrides of DEBATE_TEMPLATES (first round, later rounds, judge).
       shaping_weights: debater_correct (a debater's own answer in that round is right).
+      chat: chat prompts (chat_prompts.DEBATE_CHAT; keys first/later/judge) instead of the terse templates.
     """
     if len(debaters) < 2:
         raise WorkflowError(f"debate needs >= 2 debaters, got {list(debaters)}")
@@ -200,7 +247,7 @@ def debate(
         raise WorkflowError(f"debate rounds={rounds} must be >= 1")
     if aggregate not in ("majority", "judge"):
         raise WorkflowError(f"debate aggregate={aggregate!r}; allowed: ['judge', 'majority']")
-    texts = _templates(DEBATE_TEMPLATES, templates, "debate")
+    prompts = _role_prompts(DEBATE_TEMPLATES, DEBATE_CHAT, templates, system_prompts, chat, "debate")
     shared = len(set(debaters)) < len(debaters)
 
     def name(index: int, round_index: int) -> str:
@@ -208,16 +255,12 @@ def debate(
 
     nodes, edges = [], []
     for round_index in range(rounds):
+        prompt = prompts["first" if round_index == 0 else "later"]
         for index, agent in enumerate(debaters):
             # Distinct debaters: turn = round. Shared policies need distinct turns per debater slot.
             turn = round_index * len(debaters) + index if shared else round_index
             nodes.append(
-                Node(
-                    name(index, round_index),
-                    agent,
-                    texts["first" if round_index == 0 else "later"],
-                    turn=turn,
-                )
+                Node(name(index, round_index), agent, prompt.template, prompt.parser, turn=turn, system=prompt.system)
             )
             if round_index:
                 edges.extend(
@@ -225,7 +268,9 @@ def debate(
                 )
     last_round = [name(index, rounds - 1) for index in range(len(debaters))]
     if aggregate == "judge":
-        nodes.append(Node("judge", judge, texts["judge"], turn=rounds * (len(debaters) if shared else 1)))
+        judging = prompts["judge"]
+        nodes.append(Node("judge", judge, judging.template, judging.parser,
+                          turn=rounds * (len(debaters) if shared else 1), system=judging.system))
         edges.extend(Edge(node, "judge") for node in last_round)
         answer = first_answer_of(["judge"])
     else:
@@ -246,6 +291,7 @@ def debate(
         ],
         reward_weights=_weights(team_weight, DEBATE_SHAPING, shaping_weights, "debate"),
         max_field_chars=max_field_chars,
+        max_field_tokens=max_field_tokens if chat else None,
     )
 
 
@@ -261,25 +307,32 @@ def mixture(
     team_weight: float = 1.0,
     shaping_weights: Mapping[str, float] | None = None,
     max_field_chars: int | None = 6,
+    chat: bool = False,
+    system_prompts: Mapping[str, str] | None = None,
+    max_field_tokens: int = DEFAULT_MAX_FIELD_TOKENS,
 ) -> Workflow:
     """k proposers answer independently; the aggregator sees their answers ({inputs}) and gives the final one.
 
     Args:
       proposers: proposer agent names (repeat a name to share one policy).
       shaping_weights: proposal_correct (a proposer's own answer is right).
+      chat: chat prompts (chat_prompts.MIXTURE_CHAT) instead of the terse templates.
     """
     if not proposers:
         raise WorkflowError("mixture needs >= 1 proposer")
-    texts = _templates(MIXTURE_TEMPLATES, templates, "mixture")
+    prompts = _role_prompts(MIXTURE_TEMPLATES, MIXTURE_CHAT, templates, system_prompts, chat, "mixture")
+    proposing, aggregating = prompts["proposer"], prompts["aggregator"]
     shared = len(set(proposers)) < len(proposers)
     names = [f"{agent}_{index}" if shared else agent for index, agent in enumerate(proposers)]
     if "aggregator" in names:
         raise WorkflowError("a proposer may not be named 'aggregator' (the aggregator node's name)")
     nodes = [
-        Node(node, agent, texts["proposer"], turn=index if shared else 0)
+        Node(node, agent, proposing.template, proposing.parser, turn=index if shared else 0,
+             system=proposing.system)
         for index, (node, agent) in enumerate(zip(names, proposers, strict=True))
     ]
-    nodes.append(Node("aggregator", aggregator, texts["aggregator"], turn=len(proposers) if shared else 1))
+    nodes.append(Node("aggregator", aggregator, aggregating.template, aggregating.parser,
+                      turn=len(proposers) if shared else 1, system=aggregating.system))
     return Workflow(
         "mixture",
         nodes,
@@ -295,6 +348,7 @@ def mixture(
         ],
         reward_weights=_weights(team_weight, MIXTURE_SHAPING, shaping_weights, "mixture"),
         max_field_chars=max_field_chars,
+        max_field_tokens=max_field_tokens if chat else None,
     )
 
 
@@ -309,21 +363,23 @@ def dag(
     team_weight: float = 1.0,
     shaping_weights: Mapping[str, float] | None = None,
     max_field_chars: int | None = 16,
+    max_field_tokens: int = DEFAULT_MAX_FIELD_TOKENS,
 ) -> Workflow:
     """A custom DAG from plain data (e.g. a config).
 
     Args:
-      nodes: dicts with "agent" and optional "name" (default: the agent), "template", "parser", "turn".
+      nodes: dicts with "agent" and optional "name" (default: the agent), "template", "parser", "turn", and
+        "system" (a chat node: its prompt is a system message plus the template as the user turn).
       edges: dicts {"src", "dst", "when"?} or (src, dst) pairs naming nodes (= agents when names are omitted).
       answer_from: final answer = the first of these nodes that ran (default: the last node in order).
       shaping_weights: overrides of DAG_SHAPING: own_answer_correct (a node's own answer is right; every node).
     """
     built_nodes = []
     for spec in nodes:
-        extra = sorted(set(spec) - {"name", "agent", "template", "parser", "turn"})
+        extra = sorted(set(spec) - {"name", "agent", "template", "parser", "turn", "system"})
         if "agent" not in spec or extra:
             raise WorkflowError(
-                f"dag node {dict(spec)} needs 'agent' and only name/template/parser/turn; "
+                f"dag node {dict(spec)} needs 'agent' and only name/template/parser/turn/system; "
                 f"unknown keys: {extra}"
             )
         built_nodes.append(
@@ -333,6 +389,7 @@ def dag(
                 spec.get("template", "{prompt}"),
                 spec.get("parser", "answer"),
                 spec.get("turn"),
+                spec.get("system"),
             )
         )
     built_edges = []
@@ -360,6 +417,7 @@ def dag(
         shaping_terms=terms,
         reward_weights=_weights(team_weight, DAG_SHAPING, shaping_weights, "dag"),
         max_field_chars=max_field_chars,
+        max_field_tokens=max_field_tokens if any("system" in spec for spec in nodes) else None,
     )
 
 

@@ -22,7 +22,14 @@ import queue
 import time
 from collections.abc import Callable, Mapping, Sequence
 
-from flexmarl_jax.workflows.generation import Completion, GenerationBackend, GenerationRequest, SamplingParams
+from flexmarl_jax.workflows.generation import (
+    ChatPrompt,
+    Completion,
+    GenerationBackend,
+    GenerationRequest,
+    PromptTooLong,
+    SamplingParams,
+)
 from flexmarl_jax.workflows.graph import NodeOutput, Workflow
 from flexmarl_jax.workflows.records import CallRecord, ExperienceSink, make_group_id, make_sample_id
 from flexmarl_jax.workflows.rewards import allocate_rewards
@@ -41,11 +48,13 @@ class WorkflowExecutionError(RuntimeError):
 @dataclasses.dataclass
 class AgentLoad:
     """Per-agent load: requests sent to the backend, calls (completions = store rows), calls skipped by
-    conditional edges, prompt tokens (once per request, what the engine prefills), completion tokens."""
+    conditional edges, calls skipped because their prompt outgrew `rollout.max_prompt_length` (overflowed),
+    prompt tokens (once per request, what the engine prefills), completion tokens."""
 
     requests: int = 0
     calls: int = 0
     skipped: int = 0
+    overflowed: int = 0
     prompt_tokens: int = 0
     completion_tokens: int = 0
 
@@ -259,10 +268,10 @@ class WorkflowExecutor:
         for node in self.workflow.roots():
             self._submit(node, query.trajectories, self._render(node, query.trajectories[0]))
 
-    def _render(self, node: str, trajectory: _Trajectory) -> str:
+    def _render(self, node: str, trajectory: _Trajectory) -> str | ChatPrompt:
         return self.workflow.render_prompt(node, trajectory.query.problem.prompt, trajectory.outputs)
 
-    def _submit(self, node: str, trajectories: list[_Trajectory], prompt: str) -> None:
+    def _submit(self, node: str, trajectories: list[_Trajectory], prompt: str | ChatPrompt) -> None:
         workflow = self.workflow
         agent, query = workflow.nodes[node].agent, trajectories[0].query
         turn = workflow.turn[node]
@@ -277,7 +286,13 @@ class WorkflowExecutor:
         for trajectory in trajectories:
             trajectory.state[node] = "submitted"
         submitted_at = time.monotonic()
-        future = self.backend.submit(request)
+        try:
+            future = self.backend.submit(request)
+        except PromptTooLong as error:
+            if not workflow.upstream[node]:  # a query's own prompt: the run's limits are wrong, not this turn
+                raise WorkflowExecutionError(f"request {request.request_id!r}: {error}") from error
+            self._skip_overflowing(node, trajectories, error)
+            return
         self._in_flight += 1
         self._load[agent].requests += 1
         done_queue = self._done_queue
@@ -358,6 +373,7 @@ class WorkflowExecutor:
             agent,
             completion.policy_version,
             sample_id,
+            quoted=self._quoted(agent, completion),
         )
         return CallRecord(
             sample_id=sample_id,
@@ -367,7 +383,7 @@ class WorkflowExecutor:
             agent=agent,
             node=node,
             group_id=make_group_id(problem.input_id, turn),
-            prompt=prompt,
+            prompt=str(prompt),
             prompt_token_ids=tuple(completion.prompt_token_ids),
             text=completion.text,
             token_ids=tuple(completion.token_ids),
@@ -376,6 +392,28 @@ class WorkflowExecutor:
             policy_version=completion.policy_version,
             upstream_policy_versions=dict(sorted(upstream_versions.items())),
         )
+
+    def _skip_overflowing(self, node: str, trajectories: list[_Trajectory], error: PromptTooLong) -> None:
+        """A later turn whose prompt (grown by quoted responses) is too long: that call fails, which skips it and
+        the nodes that need it, like a false conditional edge; the trajectory's reward counts what ran."""
+        agent = self.workflow.nodes[node].agent
+        self._load[agent].overflowed += len(trajectories)
+        logger.warning("skipping node %r for %d trajectories: %s", node, len(trajectories), error)
+        for trajectory in trajectories:
+            trajectory.state[node] = "skipped"
+            self._resolve(trajectory.query, node)
+
+    def _quoted(self, agent: str, completion: Completion) -> str | None:
+        """The response cut to the workflow's `max_field_tokens` of the producing agent's tokens, for the chat
+        prompts that quote it; None when it is not longer. A backend without `decode_tokens` (scripted
+        policies) cuts whitespace-separated words instead."""
+        limit = self.workflow.max_field_tokens
+        if limit is None or len(completion.token_ids) <= limit:
+            return None
+        decode = getattr(self.backend, "decode_tokens", None)
+        if decode is None:
+            return " ".join(completion.text.split()[:limit])
+        return decode(agent, completion.token_ids[:limit])
 
     def _resolve(self, query: _Query, node: str) -> None:
         """Count one more trajectory past `node`; close the node's group once all n are past it."""

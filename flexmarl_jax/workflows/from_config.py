@@ -3,7 +3,8 @@
 Pure Python (no JAX), so config validation can build both once and report their errors before any work.
 
 - `config.workflow.options`: the workflow builder's own arguments (see `builtin.py`); arguments that name
-  agents hold role names.
+  agents hold role names. `chat` (chain, debate, mixture) selects natural-language chat prompts; it defaults
+  to True when every agent runs a chat checkpoint.
 - `config.workflow.roles`: role -> agent. A role not listed is played by the agent of its name; two roles
   played by one agent share that agent's policy, trainer and rollout instances.
 - `config.workflow.task_options.<task>`: keyword arguments of each task's constructor; only the section of
@@ -18,7 +19,7 @@ import inspect
 from typing import TYPE_CHECKING
 
 from flexmarl_jax.config.fields import thaw
-from flexmarl_jax.workflows.builtin import build_configured_workflow
+from flexmarl_jax.workflows.builtin import WORKFLOW_BUILDERS, build_configured_workflow
 from flexmarl_jax.workflows.graph import Workflow
 from flexmarl_jax.workflows.tasks import TASK_BUILDERS, Task, resolve_task
 
@@ -34,11 +35,18 @@ SHIPPED_CONFIGS = {
 }
 
 
-def workflow_from_config(workflow_config: WorkflowConfig) -> Workflow:
-    """The workflow `config.workflow` describes (name, options, roles, shaping_weights)."""
+def workflow_from_config(workflow_config: WorkflowConfig, *, chat_models: bool = False) -> Workflow:
+    """The workflow `config.workflow` describes (name, options, roles, shaping_weights).
+
+    chat_models: every agent runs a chat checkpoint; then a workflow with chat prompts uses them unless
+        `workflow.options.chat` says otherwise.
+    """
+    options = thaw(workflow_config.options)
+    if chat_models and "chat" in inspect.signature(WORKFLOW_BUILDERS[workflow_config.name]).parameters:
+        options.setdefault("chat", True)
     return build_configured_workflow(
         workflow_config.name,
-        options=thaw(workflow_config.options),
+        options=options,
         roles=thaw(workflow_config.roles),
         shaping_weights=thaw(workflow_config.shaping_weights),
     )

@@ -24,12 +24,31 @@ class SamplingParams:
 
 
 @dataclasses.dataclass(frozen=True)
+class ChatPrompt:
+    """A prompt for a chat model: a system and a user message. The rollout backend renders it with the
+    agent's own chat template (models/chat_template.py), so one workflow serves agents whose templates differ.
+    """
+
+    system: str
+    user: str
+
+    @property
+    def messages(self) -> list[dict[str, str]]:
+        return [{"role": "system", "content": self.system}, {"role": "user", "content": self.user}]
+
+    def __str__(self) -> str:
+        """A readable form for logs and records (the exact prompt is in the record's token ids)."""
+        return f"[system] {self.system}\n[user] {self.user}"
+
+
+@dataclasses.dataclass(frozen=True)
 class GenerationRequest:
-    """`num_samples` independent completions of one prompt for one agent's policy."""
+    """`num_samples` independent completions of one prompt for one agent's policy. `prompt` is plain text
+    (tokenised as is) or a `ChatPrompt` (rendered with the agent's chat template first)."""
 
     request_id: str
     agent: str
-    prompt: str
+    prompt: str | ChatPrompt
     num_samples: int
     sampling: SamplingParams
 
@@ -48,6 +67,11 @@ class Completion:
     logprobs: tuple[float, ...]
     finish_reason: str  # "stop" | "length" | "aborted"
     policy_version: int
+
+
+class PromptTooLong(ValueError):
+    """A rendered prompt has more tokens than the agent's engines take (`rollout.max_prompt_length`). The
+    backend raises it from `submit`; the executor skips that call (a later turn grown by quoted responses)."""
 
 
 @runtime_checkable

@@ -15,6 +15,7 @@ import string
 from collections.abc import Callable, Mapping, Sequence
 
 from flexmarl_jax.workflows import verifiers
+from flexmarl_jax.workflows.generation import ChatPrompt
 
 _IDENTIFIER = re.compile(r"[A-Za-z][A-Za-z0-9]*(?:_[A-Za-z0-9]+)*")
 # Fields every template may use besides upstream node names.
@@ -56,11 +57,18 @@ class NodeOutput:
     agent: str
     policy_version: int
     sample_id: str
+    # The response as chat prompts quote it: the whole text, cut to the workflow's `max_field_tokens` in the
+    # producing agent's tokens (the executor cuts it; None when nothing was cut).
+    quoted: str | None = None
 
     def field_value(self, max_chars: int | None) -> str:
-        """What downstream templates see: the parsed answer, else the stripped raw text; maybe truncated."""
+        """What downstream plain templates see: the parsed answer, else the stripped raw text; maybe truncated."""
         value = self.answer if self.answer is not None else self.text.strip().replace("\n", " ")
         return value if max_chars is None else value[:max_chars]
+
+    def quoted_value(self) -> str:
+        """What downstream chat prompts see: the response itself (reasoning included), maybe cut in tokens."""
+        return (self.quoted if self.quoted is not None else self.text).strip()
 
 
 # ------------------------------------------------------------------------------------------- conditions
@@ -83,6 +91,8 @@ class Node:
       parser: completion text -> parsed answer, or a name in PARSERS.
       turn: the `turn` in sample ids `{input_id}_{turn}_{trajectory_id}`; default: the node's position in
         topological order. (agent, turn) must be unique so an agent's sample ids never collide.
+      system: with a system prompt the node's prompt is a `ChatPrompt` (system, and `template` rendered as the
+        user turn, upstream responses quoted whole); without, `template` renders to plain text.
     """
 
     name: str
@@ -90,6 +100,7 @@ class Node:
     template: str = "{prompt}"
     parser: Callable[[str], str | None] | str = "answer"
     turn: int | None = None
+    system: str | None = None
 
     def parse(self, text: str) -> str | None:
         parser = PARSERS[self.parser] if isinstance(self.parser, str) else self.parser
@@ -164,6 +175,7 @@ class Workflow:
         reward_weights: RewardWeights = RewardWeights(),
         input_separator: str = ",",
         max_field_chars: int | None = 16,
+        max_field_tokens: int | None = None,
     ):
         self.name = name
         self.nodes: dict[str, Node] = {}
@@ -238,6 +250,9 @@ class Workflow:
             )
         self.input_separator = input_separator
         self.max_field_chars = max_field_chars
+        if max_field_tokens is not None and max_field_tokens < 1:
+            raise WorkflowError(f"workflow {name!r}: max_field_tokens={max_field_tokens} must be >= 1 (or None)")
+        self.max_field_tokens = max_field_tokens
 
     @property
     def agents(self) -> tuple[str, ...]:
@@ -250,12 +265,25 @@ class Workflow:
     def roots(self) -> tuple[str, ...]:
         return tuple(n for n in self.order if not self.upstream[n])
 
-    def render_prompt(self, node: str, query_prompt: str, outputs: Mapping[str, NodeOutput]) -> str:
-        """The prompt of `node` given the query and the outputs of (at least) its upstream nodes."""
-        fields = {u: outputs[u].field_value(self.max_field_chars) for u in self.upstream[node]}
-        fields["inputs"] = self.input_separator.join(fields[u] for u in self.upstream[node])
+    @property
+    def chat(self) -> bool:
+        """Whether its prompts are chat messages (every node has a system prompt)."""
+        return all(node.system is not None for node in self.nodes.values())
+
+    def render_prompt(self, node: str, query_prompt: str, outputs: Mapping[str, NodeOutput]) -> str | ChatPrompt:
+        """The prompt of `node` given the query and the outputs of (at least) its upstream nodes: plain text, or
+        a `ChatPrompt` for a node with a system prompt (upstream responses quoted whole, cut in tokens)."""
+        spec = self.nodes[node]
+        if spec.system is None:
+            fields = {u: outputs[u].field_value(self.max_field_chars) for u in self.upstream[node]}
+            fields["inputs"] = self.input_separator.join(fields[u] for u in self.upstream[node])
+        else:
+            fields = {u: outputs[u].quoted_value() for u in self.upstream[node]}
+            fields["inputs"] = "\n\n".join(
+                f"Response {index + 1}:\n{fields[u]}" for index, u in enumerate(self.upstream[node]))
         fields["prompt"] = query_prompt
-        return self.nodes[node].template.format(**fields)
+        text = spec.template.format(**fields)
+        return text if spec.system is None else ChatPrompt(system=spec.system, user=text)
 
     def max_prompt_chars(self, max_query_chars: int) -> int:
         """Worst-case rendered prompt length over all nodes, for checking against an engine's prompt limit.

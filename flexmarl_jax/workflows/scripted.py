@@ -153,7 +153,7 @@ class ScriptedBackend:
                 RequestEvent(
                     request.request_id,
                     request.agent,
-                    request.prompt,
+                    str(request.prompt),
                     submitted_at,
                     started_at,
                     time.monotonic(),
@@ -178,7 +178,7 @@ class ScriptedBackend:
         logprobs = tuple(-0.05 - rng.random() for _ in token_ids)
         return Completion(
             text=text,
-            prompt_token_ids=tuple(self._encode(request.prompt)),
+            prompt_token_ids=tuple(self._encode(str(request.prompt))),
             token_ids=tuple(token_ids),
             logprobs=logprobs,
             finish_reason=finish_reason,

@@ -9,7 +9,7 @@ import pytest
 
 from flexmarl_jax.rollout.backend import EngineBackend
 from flexmarl_jax.rollout.instance import EngineInstance
-from flexmarl_jax.workflows.generation import GenerationBackend, GenerationRequest, SamplingParams
+from flexmarl_jax.workflows.generation import GenerationBackend, GenerationRequest, PromptTooLong, SamplingParams
 
 from .test_engine import greedy_reference
 
@@ -49,7 +49,7 @@ def test_backend_rejects_bad_requests(engine, tiny_model):
         backend.submit(GenerationRequest("r", "critic", "hi", 1, SamplingParams()))
     with pytest.raises(ValueError, match="empty prompt"):
         backend.submit(GenerationRequest("r", "solver", "", 1, SamplingParams()))
-    with pytest.raises(ValueError, match="max_prefill_length=32"):
+    with pytest.raises(PromptTooLong, match="41 tokens, more than rollout.max_prompt_length=32"):
         backend.submit(GenerationRequest("r", "solver", "x" * 40, 1, SamplingParams()))
     with pytest.raises(ValueError, match="temperature=-1"):
         backend.submit(GenerationRequest("r", "solver", "hi", 1, SamplingParams(temperature=-1.0)))

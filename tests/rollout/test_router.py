@@ -230,7 +230,7 @@ def test_routed_backend_on_real_engines(engine, tiny_model):
                    for k in range(8)]
         checked = backend.submit(GenerationRequest("v", "verifier", "ok?", 2, SamplingParams(max_new_tokens=5)))
         concurrent.futures.wait(futures + [checked], timeout=80)
-        with pytest.raises(ValueError, match="max_prefill_length=32"):
+        with pytest.raises(ValueError, match="more than rollout.max_prompt_length=32"):
             backend.submit(GenerationRequest("long", "solver", "x" * 40, 1, SamplingParams()))
     assert all(len(f.result()) == 3 for f in futures)
     assert all(c.policy_version == 3 for c in checked.result())
