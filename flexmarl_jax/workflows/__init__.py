@@ -11,7 +11,7 @@ from flexmarl_jax.workflows.builtin import (
     register_workflow,
     workflow_roles,
 )
-from flexmarl_jax.workflows.dataset import DatasetError, JsonlTask, read_jsonl_records
+from flexmarl_jax.workflows.dataset import DatasetError, JsonlTask, read_jsonl_dataset, read_jsonl_records
 from flexmarl_jax.workflows.executor import (
     AgentLoad,
     CallTiming,
@@ -36,6 +36,7 @@ from flexmarl_jax.workflows.graph import (
     Workflow,
     WorkflowError,
 )
+from flexmarl_jax.workflows.math_answers import MathAnswerChecker, extract_final_answer
 from flexmarl_jax.workflows.records import CallRecord, ExperienceSink, InMemorySink
 from flexmarl_jax.workflows.rewards import TrajectoryContext, allocate_rewards
 from flexmarl_jax.workflows.scripted import ScriptedAgent, ScriptedBackend
@@ -65,6 +66,7 @@ __all__ = [
     "GenerationRequest",
     "InMemorySink",
     "JsonlTask",
+    "MathAnswerChecker",
     "Node",
     "NodeOutput",
     "Problem",
@@ -88,6 +90,8 @@ __all__ = [
     "build_configured_workflow",
     "build_task",
     "build_workflow",
+    "extract_final_answer",
+    "read_jsonl_dataset",
     "read_jsonl_records",
     "register_workflow",
     "resolve_task",

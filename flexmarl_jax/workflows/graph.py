@@ -16,6 +16,7 @@ from collections.abc import Callable, Mapping, Sequence
 
 from flexmarl_jax.workflows import verifiers
 from flexmarl_jax.workflows.generation import ChatPrompt
+from flexmarl_jax.workflows.math_answers import extract_final_answer
 
 _IDENTIFIER = re.compile(r"[A-Za-z][A-Za-z0-9]*(?:_[A-Za-z0-9]+)*")
 # Fields every template may use besides upstream node names.
@@ -45,7 +46,13 @@ def parse_verdict(text: str) -> str | None:
     return None
 
 
-PARSERS: dict[str, Callable[[str], str | None]] = {"answer": parse_answer, "verdict": parse_verdict}
+# "math": the final answer of a worked solution (\boxed{}, "#### x", "answer is x", else the last number), for
+# chat models that reason before answering.
+PARSERS: dict[str, Callable[[str], str | None]] = {
+    "answer": parse_answer,
+    "verdict": parse_verdict,
+    "math": extract_final_answer,
+}
 
 
 @dataclasses.dataclass(frozen=True)

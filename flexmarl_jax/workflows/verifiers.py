@@ -11,6 +11,8 @@ import re
 from collections.abc import Callable, Sequence
 from fractions import Fraction
 
+from flexmarl_jax.workflows import math_answers
+
 _NUMBER = re.compile(r"[-+]?(?:\d+\.\d*|\.\d+|\d+)(?:[eE][-+]?\d+)?")
 # Longest expression a verifier will even look at: bounds the work a pathological completion can cause.
 MAX_EXPRESSION_CHARS = 64
@@ -63,12 +65,26 @@ def exact_match(answer: str | None, reference: str, *, case_sensitive: bool = Tr
     return got == want if case_sensitive else got.lower() == want.lower()
 
 
-VERIFIERS: dict[str, Callable[[str | None, str], bool]] = {"exact": exact_match, "numeric": numeric_match}
+def math_match(answer: str | None, reference: str) -> bool:
+    """True iff math-verify finds `answer` equal to `reference` ("42.0", "$42$", "\\boxed{42}" all match "42").
+
+    Runs in the process-wide `math_answers.shared_checker()`; a timeout or a crash there is a wrong answer.
+    """
+    return math_answers.shared_checker().check(answer, reference)
+
+
+VERIFIERS: dict[str, Callable[[str | None, str], bool]] = {
+    "exact": exact_match,
+    "numeric": numeric_match,
+    "math": math_match,
+}
 
 
 def get_verifier(name: str) -> Callable[[str | None, str], bool]:
     if name not in VERIFIERS:
         raise ValueError(f"unknown verifier {name!r}; allowed: {sorted(VERIFIERS)}")
+    if name == "math":  # fail at config time, not on the first reward
+        math_answers.require_math_verify()
     return VERIFIERS[name]
 
 
