@@ -97,6 +97,7 @@ def base_config() -> ml_collections.ConfigDict:
     config.mesh.train_devices_per_agent = 1  # devices in each agent's training mesh (fsdp x tp)
     config.mesh.tp = 1  # tensor-parallel degree inside a training mesh (divides train_devices_per_agent)
     config.mesh.train_slices = 0  # training slices shared by all agents; 0 = a dedicated slice per agent
+    config.mesh.colocate = False  # agents' rollout and training share devices (one GPU, a one-device CPU)
 
     config.store = ml_collections.ConfigDict()
     config.store.backend = "memory"  # memory (TensorStore memory driver) | file (ocdbt under WORKDIR/store)

@@ -31,3 +31,18 @@ def test_too_many_devices_requested():
     with pytest.raises(ValueError, match="needs 12 devices"):
         layout_devices(jax.devices(), ["a", "b", "c", "d"], instances_per_agent=1, rollout_devices_per_instance=1,
                        train_devices_per_agent=2)
+
+
+def test_shared_layout_wraps_agents_around_few_devices():
+    """mesh.colocate: one device serves a whole team; with more devices agents take them in turn."""
+    one = layout_devices(jax.devices()[:1], ["a", "b", "c"], instances_per_agent=2, rollout_devices_per_instance=1,
+                         train_devices_per_agent=1, share_between_agents=True)
+    device = jax.devices()[0]
+    assert all(agent.train_devices == (device,) and agent.rollout_groups == ((device,),) * 2 for agent in one.values())
+    three = layout_devices(jax.devices()[:3], ["a", "b", "c", "d"], instances_per_agent=1,
+                           rollout_devices_per_instance=1, train_devices_per_agent=2, share_between_agents=True)
+    assert [three[name].train_devices for name in "abcd"] == [tuple(jax.devices()[0:2]), tuple(jax.devices()[0:2]),
+                                                              tuple(jax.devices()[0:2]), tuple(jax.devices()[0:2])]
+    with pytest.raises(ValueError, match="needs 2 devices"):
+        layout_devices(jax.devices()[:1], ["a"], instances_per_agent=1, rollout_devices_per_instance=1,
+                       train_devices_per_agent=2, share_between_agents=True)

@@ -132,3 +132,35 @@ def test_default_prompts_fit_the_tiny_config():
     # configs/tiny.py: rollout.max_prompt_length = 32 tokens (incl. BOS); task prompts are <= 9 chars.
     for name in ("chain", "debate", "mixture"):
         assert build_workflow(name).max_prompt_chars(max_query_chars=9) + 1 <= 32, name
+
+
+@pytest.mark.parametrize("name", ["chain", "debate", "mixture"])
+def test_chat_prompts_quote_upstream_responses_whole(name):
+    """With chat=True every node sends a ChatPrompt: a system prompt and a user turn quoting whole responses."""
+    from flexmarl_jax.workflows.generation import ChatPrompt
+
+    flow = build_workflow(name, chat=True)
+    assert flow.chat and flow.max_field_tokens == 256
+    reasoning = "First 12 + 7 = 19.\nThe answer is 19"
+    for node in flow.order:
+        outputs = {u: NodeOutput(reasoning, "19", flow.nodes[u].agent, 0, "") for u in flow.upstream[node]}
+        prompt = flow.render_prompt(node, "What is 12 + 7?", outputs)
+        assert isinstance(prompt, ChatPrompt) and prompt.system and "What is 12 + 7?" in prompt.user
+        assert prompt.messages[0]["role"] == "system" and prompt.messages[1]["content"] == prompt.user
+        if flow.upstream[node]:
+            assert prompt.user.count(reasoning) == len(flow.upstream[node])  # quoted whole, reasoning included
+        if flow.nodes[node].parser != "verdict":
+            assert flow.nodes[node].parse(reasoning) == "19"  # the math parser reads past the reasoning
+    plain = build_workflow(name)
+    assert not plain.chat and plain.max_field_tokens is None
+    assert isinstance(plain.render_prompt(plain.order[0], "1+1=", {}), str)
+
+
+def test_chat_prompt_overrides_and_their_errors():
+    flow = build_workflow("chain", chat=True, system_prompts={"verifier": "Say Yes or No."},
+                          templates={"solver": "Solve: {prompt}"})
+    assert flow.nodes["verifier"].system == "Say Yes or No." and flow.nodes["solver"].template == "Solve: {prompt}"
+    with pytest.raises(WorkflowError, match="system_prompts need chat=True"):
+        build_workflow("chain", system_prompts={"verifier": "x"})
+    with pytest.raises(WorkflowError, match="unknown template keys"):
+        build_workflow("mixture", chat=True, system_prompts={"judge": "x"})

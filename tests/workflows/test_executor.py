@@ -319,3 +319,43 @@ def test_errors_name_the_problem(make_backend):
         WorkflowExecutor(flow, backend, TASK, samples_per_query=2, sampling={"judge": None})
     with pytest.raises(ValueError, match="unique and contain no '_'"):
         WorkflowExecutor(flow, backend, TASK, samples_per_query=2).run(problems + problems[:1])
+
+
+class _LimitedBackend:
+    """A scripted backend with a token limit per agent and per-agent decoding, as the engine backend has."""
+
+    def __init__(self, backend, too_long_for: str):
+        self.backend, self.too_long_for = backend, too_long_for
+        self.prompts = []
+
+    def submit(self, request):
+        from flexmarl_jax.workflows.generation import PromptTooLong
+
+        self.prompts.append(request.prompt)
+        if request.agent == self.too_long_for:
+            raise PromptTooLong(f"request {request.request_id!r}: the prompt has 999 tokens")
+        return self.backend.submit(request)
+
+    def decode_tokens(self, agent, token_ids):
+        return "".join(chr(t) for t in token_ids)  # ScriptedBackend encodes one id per character
+
+
+@pytest.mark.timeout(60)
+def test_chat_prompts_quote_responses_cut_in_tokens_and_an_overflowing_turn_is_skipped(make_backend):
+    """Quoted responses are cut to max_field_tokens of the producer's tokens; a later turn whose prompt is too long
+    fails only that call: it and what depends on it are skipped, the trajectories still finish with rewards."""
+    problems = TASK.generate(3, seed=1)
+    reasoning = "Step one gives 7 and step two gives 9. The answer is 9"
+    scripted = make_backend({"solver": lambda request, index, rng: reasoning,
+                             "verifier": lambda request, index, rng: "No, step two is wrong.",
+                             "corrector": lambda request, index, rng: reasoning}, max_workers=8)
+    backend = _LimitedBackend(scripted, too_long_for="corrector")
+    flow = build_workflow("chain", chat=True, max_field_tokens=10)
+    sink = InMemorySink()
+    result = WorkflowExecutor(flow, backend, TASK, samples_per_query=2).run(problems, sink)
+    quoted = [p.user for p in backend.prompts if p.system == flow.nodes["verifier"].system]
+    assert quoted and all(reasoning[:10] in user and reasoning[:11] not in user for user in quoted)
+    assert result.load["corrector"].overflowed == len(problems) * 2 and result.load["corrector"].calls == 0
+    assert len(result.trajectories) == len(problems) * 2
+    assert all(t.skipped == ("corrector",) for t in result.trajectories)
+    assert {r.agent for r in sink.records.values()} == {"solver", "verifier"}

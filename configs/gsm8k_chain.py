@@ -1,0 +1,111 @@
+"""GSM8K with the chain workflow on real checkpoints: a Qwen2.5-1.5B-Instruct solver, Qwen2.5-0.5B-Instruct
+verifier and corrector. docs/recipes.md says where to get the checkpoints and the data, and what to expect.
+
+Builds on configs/tiny.py (every knob not set here is explained there). The checkpoint and data paths are
+fields: `--config.agents.solver.model=/path/to/Qwen2.5-1.5B-Instruct`, `--config.workflow.task=/path/train.jsonl`.
+Variants (`--config=configs/gsm8k_chain.py:VARIANT`; several joined by commas, with those of configs/tiny.py):
+  tpu_v5e_8   one TPU VM host with 8 v5e chips: an engine chip per agent, two shared 2-chip training slices
+  gpu_1       one 80 GB GPU: every agent's rollout and training colocated on it
+  cpu_smoke   this CPU: synthetic checkpoints of the same shape family (made on first use, about 10 s) and a
+              small GSM8K-format file, 2 iterations
+"""
+
+import os
+
+import ml_collections
+
+from flexmarl_jax.configs import tiny
+
+CHECKPOINTS = os.environ.get("FLEXMARL_CHECKPOINTS", "checkpoints")
+HERE = os.path.dirname(os.path.abspath(__file__))
+SMOKE_DATA = os.path.join(HERE, "data", "gsm8k_smoke.jsonl")
+
+
+def get_config(variant: str | None = None) -> ml_collections.ConfigDict:
+    return tiny.apply_variants(base_config(), variant, VARIANT_CHANGES, "configs/gsm8k_chain.py")
+
+
+def base_config() -> ml_collections.ConfigDict:
+    config = tiny.base_config()
+    config.workdir = "runs/gsm8k_chain"
+    config.iterations = 200
+
+    agents = config.agents
+    agents.solver.model = os.path.join(CHECKPOINTS, "Qwen2.5-1.5B-Instruct")
+    agents.verifier.model = os.path.join(CHECKPOINTS, "Qwen2.5-0.5B-Instruct")
+    agents.corrector.model = os.path.join(CHECKPOINTS, "Qwen2.5-0.5B-Instruct")
+    for agent in agents.values():
+        agent.temperature = 1.0
+        agent.dtype = "bfloat16"  # parameters and compute
+        agent.fp32_master_weights = True  # the optimizer updates an f32 copy; rollout serves its bf16 cast
+    agents.solver.learning_rate = 1e-6
+    agents.verifier.learning_rate = 2e-6
+    agents.corrector.learning_rate = 2e-6
+
+    workflow = config.workflow
+    workflow.options.chat = True  # natural-language role prompts rendered with each checkpoint's chat template
+    workflow.options.max_field_tokens = 512  # what the verifier and corrector see of an earlier response
+    workflow.task = os.path.join(os.environ.get("FLEXMARL_DATA", "data"), "gsm8k", "train.jsonl")
+    workflow.task_options.jsonl.verifier = "math"  # math-verify: 42, 42.0, $42$ and \boxed{42} all match 42
+    workflow.shaping_weights.solver_correct = 0.0  # the team reward alone for the solver, as in MARTI's chain
+    workflow.queries_per_iteration = 32
+    workflow.samples_per_query = 8
+    workflow.warmup_steps = 0  # instruct checkpoints already answer in a format
+
+    rollout = config.rollout
+    rollout.decode_slots = 64
+    rollout.max_prompt_length = 1024  # the chat template, the question and a quoted 512-token response
+    rollout.max_response_length = 1024
+    rollout.request_timeout_s = 0.0
+
+    config.train.learning_rate = 1e-6
+    config.train.micro_batch_size = 16
+    config.train.remat = True  # recompute each layer's activations in the backward pass: 2k-token rows fit
+
+    config.mesh.fake_cpu_devices = 8
+    return config
+
+
+def _tpu_v5e_8(config: ml_collections.ConfigDict) -> None:
+    """8 chips: 3 engine chips (one per agent) + 2 training slices of 2 chips, taken by agents with work."""
+    config.mesh.rollout_devices_per_instance = 1
+    config.mesh.train_devices_per_agent = 2
+    config.mesh.train_slices = 2
+    config.rollout.instances_per_agent = 1
+
+
+def _gpu_1(config: ml_collections.ConfigDict) -> None:
+    """One 80 GB GPU shared by the whole team."""
+    config.mesh.colocate = True
+    config.mesh.train_devices_per_agent = 1
+    config.rollout.instances_per_agent = 1
+    config.rollout.decode_slots = 32
+    config.pipeline.balancing = False  # one instance per agent on one device: nothing to move
+
+
+def _cpu_smoke(config: ml_collections.ConfigDict) -> None:
+    """Synthetic checkpoints (models/synthetic.py) of two sizes sharing a tokenizer, as 1.5B and 0.5B do."""
+    from flexmarl_jax.models.fixture_cache import synthetic_checkpoint
+
+    config.workdir = "runs/gsm8k_chain_smoke"
+    config.agents.solver.model = synthetic_checkpoint("qwen2", size="small")
+    config.agents.verifier.model = synthetic_checkpoint("qwen2", size="smoke")
+    config.agents.corrector.model = config.agents.verifier.model
+    for agent in config.agents.values():
+        agent.dtype = "float32"
+        agent.fp32_master_weights = False
+        agent.learning_rate = 1e-4
+    config.workflow.task = SMOKE_DATA
+    config.workflow.options.max_field_tokens = 32
+    config.workflow.queries_per_iteration = 4
+    config.workflow.samples_per_query = 4
+    config.rollout.decode_slots = 16
+    config.rollout.max_prompt_length = 192
+    config.rollout.max_response_length = 32
+    config.train.micro_batch_size = 8
+    config.train.remat = False
+    config.iterations = 2
+
+
+VARIANT_CHANGES = {**tiny.VARIANT_CHANGES, "tpu_v5e_8": _tpu_v5e_8, "gpu_1": _gpu_1, "cpu_smoke": _cpu_smoke}
+VARIANTS = tuple(VARIANT_CHANGES)
