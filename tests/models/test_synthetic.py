@@ -51,6 +51,8 @@ def test_qwen_families_share_a_tokenizer_and_llama_has_its_own(synthetic_dirs):
     assert (qwen.vocab_size, llama.vocab_size) == (2000, 2500)
     assert qwen.bos_id is None and llama.bos_id is not None
     assert qwen.encode("The answer is 42.") != llama.encode("The answer is 42.")
+    # a sampler may pick embedding rows no token uses (ids 2000..2047): decoding drops them
+    assert qwen.decode(qwen.encode("The answer is 42.", add_bos=False) + [2000, 2047]) == "The answer is 42."
 
 
 def test_generation_config_lists_every_stop_id(synthetic_dirs):
