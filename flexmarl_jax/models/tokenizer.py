@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import string
@@ -124,6 +125,11 @@ class HFTokenizer:
         self.chat_template = (
             None if found is None else ChatTemplate(found[0], special_tokens=special_texts, origin=found[1])
         )
+        # Two agents' tokenizers are interchangeable (a rollout instance may move between them) only if they
+        # map text to the same ids and stop on the same ones: the vocabulary file's digest and the special ids.
+        with open(file, "rb") as handle:
+            digest = hashlib.sha256(handle.read()).hexdigest()[:16]
+        self.identity = f"HFTokenizer:{digest}:{self.bos_id}:{self.stop_ids}:{self.pad_id}"
 
     def encode(self, text: str, add_bos: bool = True) -> list[int]:
         ids = self._tok.encode(text, add_special_tokens=False).ids

@@ -40,7 +40,10 @@ def preflight(config: RunConfig) -> Preflight:
     sources = read_model_sources(config)
     chat = all(source.is_chat for source in sources.values())
     workflow = workflow_from_config(config.workflow, chat_models=chat)
-    task = task_from_config(config.workflow)
+    try:
+        task = task_from_config(config.workflow)
+    except (ValueError, OSError) as error:  # a data file that is missing or has a bad line
+        raise ConfigError(f"config.workflow.task={config.workflow.task!r}: {error}") from None
     if workflow.chat and config.workflow.warmup_steps > 0:
         raise ConfigError(f"config.workflow.warmup_steps={config.workflow.warmup_steps}: the warm-up teaches "
                           "character-level presets an answer format; chat prompts go to chat checkpoints, which "

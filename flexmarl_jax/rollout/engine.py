@@ -121,7 +121,8 @@ class FlexTokenizer(tokenizer_api.Tokenizer):
 
     @property
     def stop_tokens(self) -> set[int]:
-        return {self.eos_id}
+        """Every end-of-sequence id of the checkpoint (chat models list several)."""
+        return set(getattr(self._tokenizer, "stop_ids", None) or (self.eos_id,))
 
 
 def pad_prompt(ids, engine_config: EngineConfig, pad_id: int) -> tuple[np.ndarray, int]:

@@ -8,10 +8,7 @@ one (a 1.5B Qwen solver next to a Llama verifier) does, on a 2-core CPU.
 
 import json
 import os
-import subprocess
-import sys
 
-import numpy as np
 import pytest
 
 from flexmarl_jax.cli.main import main
@@ -42,6 +39,21 @@ def _train(workdir, spec: str, *extra: str) -> list[dict]:
         return [json.loads(line) for line in handle]
 
 
+def _prompts(workdir, agent: str, checkpoint: str) -> list[str]:
+    """The prompts `agent` was sent, as its own tokenizer reads the stored prompt ids (special tokens kept)."""
+    from tokenizers import Tokenizer
+
+    from flexmarl_jax.store import ExperienceStore
+
+    vocabulary = Tokenizer.from_file(os.path.join(checkpoint, "tokenizer.json"))
+    store = ExperienceStore.open(str(workdir), backend="file", must_exist=True)
+    try:
+        rows = store.read_rows(agent, columns=["prompt_tokens"])["prompt_tokens"]
+    finally:
+        store.close()
+    return [vocabulary.decode([int(t) for t in ids], skip_special_tokens=False) for ids in rows]
+
+
 def _assert_trained(records: list[dict], agents: set[str]) -> None:
     assert [r["iteration"] for r in records] == [0, 1]
     assert set(records[-1]["policy_version"]) == agents and set(records[-1]["policy_version"].values()) == {2}
@@ -58,8 +70,15 @@ def test_chain_of_three_architectures_with_two_tokenizers(tmp_path, checkpoints)
                      f"--config.agents.solver.model={checkpoints['qwen2']}",
                      f"--config.agents.verifier.model={checkpoints['qwen3']}",
                      f"--config.agents.corrector.model={checkpoints['llama']}",
-                     "--config.workflow.options.corrector_runs=always")
+                     "--config.workflow.options.corrector_runs=always", "--config.store.backend=file")
     _assert_trained(records, {"solver", "verifier", "corrector"})
+    # Each agent's prompts are its own chat template's rendering of natural-language role prompts.
+    solver = _prompts(tmp_path, "solver", checkpoints["qwen2"])
+    corrector = _prompts(tmp_path, "corrector", checkpoints["llama"])
+    assert solver and all(p.startswith("<|im_start|>system\n") and p.endswith("<|im_start|>assistant\n")
+                          for p in solver)
+    assert corrector and all(p.startswith("<|begin_of_text|><|start_header_id|>system") and "Verifier's judgement"
+                             in p for p in corrector)
 
 
 @pytest.mark.timeout(420)
@@ -69,3 +88,53 @@ def test_debate_between_two_architectures_with_two_tokenizers(tmp_path, checkpoi
                      f"--config.agents.debater1.model={checkpoints['llama']}",
                      f"--config.agents.debater2.model={checkpoints['qwen3']}")
     _assert_trained(records, {"debater0", "debater1", "debater2"})
+
+
+def _copy_without(source: str, target, *drop: str) -> str:
+    import shutil
+
+    shutil.copytree(source, target, ignore=shutil.ignore_patterns(*drop))
+    return str(target)
+
+
+def _edit_json(path, **changes) -> None:
+    with open(path) as handle:
+        value = json.load(handle)
+    value.update(changes)
+    with open(path, "w") as handle:
+        json.dump(value, handle)
+
+
+BAD_INPUTS = ("no_tokenizer", "architecture", "vocabulary", "no_answer", "long_prompt")
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("case", BAD_INPUTS)
+def test_bad_input_is_one_line_naming_the_file_or_field_and_nothing_is_written(tmp_path, checkpoints, case, capsys):
+    qwen = checkpoints["qwen2"]
+    model, extra, expected = qwen, [], ""
+    if case == "no_tokenizer":
+        model = _copy_without(qwen, tmp_path / "ckpt", "tokenizer.json", "tokenizer_config.json")
+        expected = "tokenizer"
+    elif case == "architecture":
+        model = _copy_without(qwen, tmp_path / "ckpt")
+        _edit_json(os.path.join(model, "config.json"), architectures=["MistralForCausalLM"], model_type="mistral")
+        expected = "MistralForCausalLM"
+    elif case == "vocabulary":
+        model = _copy_without(qwen, tmp_path / "ckpt")
+        _edit_json(os.path.join(model, "config.json"), vocab_size=1024)  # the tokenizer has 2000 ids
+        expected = "vocab"
+    elif case == "no_answer":
+        data = tmp_path / "broken.jsonl"
+        data.write_text('{"question": "What is 1 + 1?", "answer": "1 + 1 = 2\\n#### 2"}\n{"question": "And 2 + 2?"}\n')
+        extra, expected = [f"--config.workflow.task={data}"], "broken.jsonl:2"
+    elif case == "long_prompt":
+        extra, expected = ["--config.rollout.max_prompt_length=24"], "max_prompt_length=24"
+    workdir = tmp_path / "run"
+    code = main(["train", "--config=configs/tiny.py", f"--workdir={workdir}", *SMALL_RUN,
+                 *(f"--config.agents.{agent}.model={model}" for agent in ("solver", "verifier", "corrector")),
+                 *extra])
+    error = capsys.readouterr().err.strip()
+    assert code == 2 and len(error.splitlines()) == 1 and expected in error, error
+    assert ("ckpt" in error) == (case in ("no_tokenizer", "architecture", "vocabulary")), error
+    assert not workdir.exists()
