@@ -71,3 +71,53 @@ def test_hf_tokenizer_without_bos_adds_nothing(tmp_path):
 def test_hf_tokenizer_missing_file_is_named(tmp_path):
     with pytest.raises(FileNotFoundError, match="no tokenizer.json"):
         HFTokenizer(tmp_path)
+
+
+def test_char_tokenizer_stops_on_eos_and_has_no_chat_template():
+    tok = CharTokenizer()
+    assert tok.stop_ids == (tok.eos_id,) == (2,)
+    assert tok.chat_template is None
+
+
+def test_hf_tokenizer_stop_ids_hold_every_eos_in_order(tmp_path):
+    """tokenizer_config's eos_token first, then generation_config.json's list, then config.json's ids, once each."""
+    _write_hf_tokenizer(tmp_path, with_bos=False)
+    (tmp_path / "generation_config.json").write_text(json.dumps({"eos_token_id": [5, 2, 4]}))
+    (tmp_path / "config.json").write_text(json.dumps({"eos_token_id": [6, 5], "bos_token_id": 1}))
+    tok = HFTokenizer(tmp_path)
+    assert tok.stop_ids == (2, 5, 4, 6) and tok.eos_id == 2
+    # Qwen's case: config.json names a bos_token_id, tokenizer_config.json's bos_token is null: no BOS added
+    assert tok.bos_id is None and tok.encode("hello") == [4]
+
+
+def test_hf_tokenizer_without_tokenizer_config_takes_ids_from_the_model_configs(tmp_path):
+    _write_hf_tokenizer(tmp_path, with_bos=True)
+    (tmp_path / "tokenizer_config.json").unlink()
+    (tmp_path / "generation_config.json").write_text(json.dumps({"eos_token_id": 2, "pad_token_id": 0}))
+    (tmp_path / "config.json").write_text(json.dumps({"eos_token_id": [2, 6], "bos_token_id": 1}))
+    tok = HFTokenizer(tmp_path)
+    assert (tok.stop_ids, tok.eos_id, tok.bos_id, tok.pad_id) == ((2, 6), 2, 1, 0)
+    assert tok.encode("agent") == [1, 6]
+
+
+def test_hf_tokenizer_without_eos_or_template_says_so(tmp_path):
+    _write_hf_tokenizer(tmp_path, with_bos=False)
+    (tmp_path / "tokenizer_config.json").write_text(json.dumps({"eos_token": None}))
+    with pytest.raises(ValueError, match="has no EOS token"):
+        HFTokenizer(tmp_path)
+    (tmp_path / "config.json").write_text(json.dumps({"eos_token_id": 2}))
+    tok = HFTokenizer(tmp_path)
+    assert tok.stop_ids == (2,) and tok.chat_template is None
+    with pytest.raises(ValueError, match="has no chat template"):
+        tok.render_chat([{"role": "user", "content": "hello"}])
+
+
+def test_hf_tokenizer_renders_its_checkpoints_chat_template(tmp_path):
+    _write_hf_tokenizer(tmp_path, with_bos=True)
+    template = "{{ bos_token }}{% for m in messages %}{{ m.content }}{{ eos_token }}{% endfor %}"
+    (tmp_path / "chat_template.jinja").write_text(template + "{% if add_generation_prompt %}>{% endif %}")
+    tok = HFTokenizer(tmp_path)
+    messages = [{"role": "user", "content": "hello"}, {"role": "assistant", "content": "world"}]
+    assert tok.render_chat(messages) == "<s>hello</s>world</s>>"
+    assert tok.render_chat(messages, add_generation_prompt=False) == "<s>hello</s>world</s>"
+    assert tok.encode(tok.render_chat(messages, add_generation_prompt=False), add_bos=False) == [1, 4, 2, 5, 2]
