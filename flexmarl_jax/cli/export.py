@@ -17,6 +17,8 @@ import shutil
 import tempfile
 
 from flexmarl_jax.config.errors import ConfigError
+from flexmarl_jax.models.config import ModelConfig
+from flexmarl_jax.models.tokenizer import Tokenizer
 
 
 class ExportError(Exception):
@@ -42,9 +44,11 @@ class ExportResult:
 
 @dataclasses.dataclass(frozen=True)
 class _Source:
-    """Where an agent's model came from: a preset name or a HF checkpoint directory."""
+    """Where an agent's model came from (a preset name or a HF checkpoint directory) and what it says."""
 
     model: str
+    model_config: ModelConfig
+    tokenizer: Tokenizer
     checkpoint_dir: str | None  # None for a preset (character tokenizer)
 
 
@@ -104,7 +108,17 @@ def _agent_source(workdir: str, agent: str) -> _Source:
     if agent not in config.agents:
         raise ExportError(f"unknown agent {agent!r}; agents in {path}: {', '.join(config.agents)}")
     model = config.agents[agent].model
-    return _Source(model, model if os.path.isdir(model) else None)
+    from flexmarl_jax.models.hf_directory import inspect_checkpoint_dir, is_checkpoint_dir
+    from flexmarl_jax.models.presets import get_preset
+    from flexmarl_jax.models.tokenizer import CharTokenizer
+
+    if not is_checkpoint_dir(model):
+        return _Source(model, get_preset(model), CharTokenizer(), None)
+    try:
+        info = inspect_checkpoint_dir(model)
+    except ValueError as error:
+        raise ExportError(f"config.agents.{agent}.model={model!r}: {error}") from None
+    return _Source(model, info.model_config, info.tokenizer, info.path)
 
 
 def _check_output(out: str, force: bool) -> None:
@@ -117,20 +131,13 @@ def _check_output(out: str, force: bool) -> None:
 def _restore_matching(checkpoints: str, policy_version: int | None, source: _Source, agent: str):
     """The saved policy, after checking that the agent's model source still describes it (the tokenizer
     files come from that source, so a source that changed since training would export the wrong ones)."""
-    from flexmarl_jax.models.checkpoint import read_hf_config
-    from flexmarl_jax.models.presets import get_preset
     from flexmarl_jax.train.checkpoint import restore_policy
 
     try:
-        if source.checkpoint_dir is not None:
-            if not os.path.isfile(os.path.join(source.checkpoint_dir, "tokenizer.json")):
-                raise ExportError(f"config.agents.{agent}.model={source.model!r} has no tokenizer.json to export")
-            expected = read_hf_config(source.checkpoint_dir)
-        else:
-            expected = get_preset(source.model)
         snapshot = restore_policy(checkpoints, policy_version)
-    except ValueError as error:  # an unsupported config.json, or a checkpoint whose arrays miss the model's shapes
+    except ValueError as error:  # a checkpoint whose arrays miss its model's shapes
         raise ExportError(str(error)) from None
+    expected = source.model_config
     if snapshot.model_config != expected:
         differ = [field.name for field in dataclasses.fields(expected)
                   if getattr(expected, field.name) != getattr(snapshot.model_config, field.name)]
@@ -141,27 +148,25 @@ def _restore_matching(checkpoints: str, policy_version: int | None, source: _Sou
 
 def _write_model_dir(directory: str, snapshot, source: _Source) -> list[str]:
     from flexmarl_jax.models.checkpoint import save_pretrained
-    from flexmarl_jax.models.tokenizer import CharTokenizer, HFTokenizer
     from flexmarl_jax.models.tokenizer_files import copy_tokenizer_files, write_char_tokenizer
 
     files = save_pretrained((snapshot.graphdef, snapshot.params), directory)
     if source.checkpoint_dir is not None:
         files += copy_tokenizer_files(source.checkpoint_dir, directory)
-        tokenizer = HFTokenizer(source.checkpoint_dir)
     else:
-        tokenizer = CharTokenizer()
-        files += write_char_tokenizer(directory, tokenizer,
+        files += write_char_tokenizer(directory, source.tokenizer,
                                       model_max_length=snapshot.model_config.max_position_embeddings)
     if "generation_config.json" not in files:
         with open(os.path.join(directory, "generation_config.json"), "w") as handle:
-            json.dump(_generation_config(tokenizer), handle, indent=2)
+            json.dump(_generation_config(source.tokenizer), handle, indent=2)
         files.append("generation_config.json")
     return files
 
 
-def _generation_config(tokenizer) -> dict:
-    """The special ids transformers' `generate` needs (it stops at eos_token_id and pads with pad_token_id)."""
-    config = {"eos_token_id": tokenizer.eos_id, "pad_token_id": tokenizer.pad_id}
+def _generation_config(tokenizer: Tokenizer) -> dict:
+    """The special ids transformers' `generate` needs: it stops at any eos_token_id and pads with pad_token_id."""
+    stop_ids = list(tokenizer.stop_ids)
+    config = {"eos_token_id": stop_ids if len(stop_ids) > 1 else stop_ids[0], "pad_token_id": tokenizer.pad_id}
     if tokenizer.bos_id is not None:
         config["bos_token_id"] = tokenizer.bos_id
     return config

@@ -7,10 +7,10 @@ written by `save_all` under checkpoints/<agent>/<policy_version>.
 import dataclasses
 import json
 import os
-import shutil
 import string
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 import pytest
 from hypothesis import HealthCheck, given, settings
@@ -19,7 +19,9 @@ from hypothesis import strategies as st
 from flexmarl_jax.cli.main import main
 from flexmarl_jax.config import RunConfig, load_config
 from flexmarl_jax.models import functional
+from flexmarl_jax.models.checkpoint import from_pretrained
 from flexmarl_jax.models.presets import get_preset
+from flexmarl_jax.models.synthetic import make_checkpoint
 from flexmarl_jax.models.tokenizer import CharTokenizer, HFTokenizer
 from flexmarl_jax.train.checkpoint import save_all
 from flexmarl_jax.train.trainer import AgentTrainer, TrainerConfig
@@ -29,6 +31,13 @@ transformers = pytest.importorskip("transformers")
 
 TRAINER = TrainerConfig(micro_batch_size=2, max_len=8)  # the checkpoint also holds Adam's moments of the policy
 TEXTS = ["1+2=3", "What is 7 + 5?\nAnswer: 12", "x", "  spaced\tout  {braces} ~end~"]
+CONVERSATIONS = [
+    [{"role": "user", "content": "What is 7 + 5?"}],
+    [{"role": "system", "content": "You check answers."},
+     {"role": "user", "content": "Solver said: 12.\nIs it right?"}],
+    [{"role": "user", "content": "2*3?"}, {"role": "assistant", "content": "6"},
+     {"role": "user", "content": "and 2*4?"}],
+]
 
 
 def _write_workdir(workdir, trainers: dict, models: dict[str, str]) -> None:
@@ -162,6 +171,7 @@ def _snapshot(directory) -> dict[str, float]:
     ("no_config", "config.json not found: WORKDIR must be a directory written by `flexmarl train`"),
     ("out_not_empty", "is not empty; pass --force to replace it"),
     ("model_changed", "does not match config.agents.solver.model='small' (differs in hidden_size"),
+    ("source_lost_tokenizer", "tokenizer.json is missing: the checkpoint has no tokenizer files"),
 ])
 def test_bad_input_is_one_line_and_writes_nothing(preset_run, tmp_path, capsys, case, fragment):
     workdir, agent, out, extra = preset_run[0], "solver", tmp_path / "new" / "solver", []
@@ -177,11 +187,15 @@ def test_bad_input_is_one_line_and_writes_nothing(preset_run, tmp_path, capsys, 
     elif case == "out_not_empty":
         out.mkdir(parents=True)
         (out / "keep.txt").write_text("mine")
-    elif case == "model_changed":  # config.json no longer describes the saved model
+    elif case in ("model_changed", "source_lost_tokenizer"):  # the agent's model source changed since training
+        model = "small"
+        if case == "source_lost_tokenizer":
+            model = make_checkpoint(str(tmp_path / "source"), "qwen3")
+            os.remove(os.path.join(model, "tokenizer.json"))
         workdir = tmp_path / "changed"
         workdir.mkdir()
         config = json.loads((preset_run[0] / "config.json").read_text())
-        config["agents"]["solver"]["model"] = "small"
+        config["agents"]["solver"]["model"] = model
         (workdir / "config.json").write_text(json.dumps(config))
         os.symlink(preset_run[0] / "checkpoints", workdir / "checkpoints")
     before = _snapshot(tmp_path), _snapshot(preset_run[0])
@@ -203,11 +217,25 @@ def test_force_replaces_a_non_empty_directory(preset_run, tmp_path, capsys):
     assert os.listdir(tmp_path) == ["solver"]  # no staging directory left beside it
 
 
-def test_checkpoint_dir_agent_keeps_its_tokenizer_and_chat_template(tmp_path, capsys):
-    synthetic = pytest.importorskip("flexmarl_jax.models.synthetic")
-    from flexmarl_jax.models.checkpoint import from_pretrained
+def test_bfloat16_agent_exports_its_bfloat16_weights_bit_for_bit(tmp_path, capsys):
+    graphdef, params = functional.init_params(get_preset("tiny"), seed=5, dtype=jnp.bfloat16)
+    solver = AgentTrainer("solver", get_preset("tiny"), TRAINER, initial=(graphdef, params))
+    _write_workdir(tmp_path / "run", {"solver": solver}, {})
+    code, stdout, _ = _export(capsys, tmp_path / "run", "--agent", "solver", "--out", tmp_path / "out")
+    assert code == 0 and "bfloat16)" in stdout
+    reloaded = from_pretrained(tmp_path / "out", dtype=jnp.bfloat16)
+    assert json.loads((tmp_path / "out" / "config.json").read_text())["dtype"] == "bfloat16"
+    for ours, theirs in zip(jax.tree.leaves(solver.params), jax.tree.leaves(reloaded.params), strict=True):
+        assert theirs.dtype == jnp.bfloat16
+        np.testing.assert_array_equal(np.asarray(theirs).view(np.uint16), np.asarray(ours).view(np.uint16))
 
-    source = synthetic.make_checkpoint(str(tmp_path / "qwen3-smoke"), "qwen3", chat_template_file=True)
+
+@pytest.mark.parametrize("architecture, template_file", [
+    ("qwen3", True),  # ChatML, no BOS, the template in chat_template.jinja (as transformers 5 writes it)
+    ("llama", False),  # Llama-3 style headers, a BOS, the template in tokenizer_config.json
+])
+def test_checkpoint_dir_agent_keeps_its_tokenizer_and_chat_template(tmp_path, capsys, architecture, template_file):
+    source = make_checkpoint(str(tmp_path / "source"), architecture, chat_template_file=template_file)
     pretrained = from_pretrained(source)
     solver = AgentTrainer("solver", pretrained.config, TRAINER, initial=(pretrained.graphdef, pretrained.params))
     _perturb(solver, 3)
@@ -216,25 +244,17 @@ def test_checkpoint_dir_agent_keeps_its_tokenizer_and_chat_template(tmp_path, ca
 
     out = tmp_path / "export"
     code, stdout, _ = _export(capsys, workdir, "--agent", "solver", "--out", out)
-    assert code == 0 and "policy_version 3 (Qwen3ForCausalLM" in stdout
-    for name in os.listdir(source):
+    assert code == 0 and f"policy_version 3 ({pretrained.config.architecture}" in stdout
+    for name in os.listdir(source):  # tokenizer, chat template and generation config, unchanged
         if not name.endswith(".safetensors") and name != "config.json":
-            assert (out / name).read_bytes() == (tmp_path / "qwen3-smoke" / name).read_bytes(), name
+            assert (out / name).read_bytes() == (tmp_path / "source" / name).read_bytes(), name
 
-    ours = HFTokenizer(source)
-    model = transformers.AutoModelForCausalLM.from_pretrained(out, dtype=torch.float32)
-    _assert_same_logits(model, solver.graphdef, solver.params, [ours.encode(text) for text in TEXTS], ours.pad_id)
-
-    theirs = transformers.AutoTokenizer.from_pretrained(out)
-    conversations = [
-        [{"role": "user", "content": "What is 7 + 5?"}],
-        [{"role": "system", "content": "You check answers."},
-         {"role": "user", "content": "Solver said: 12.\nIs it right?"}],
-        [{"role": "user", "content": "2*3?"}, {"role": "assistant", "content": "6"},
-         {"role": "user", "content": "and 2*4?"}],
-    ]
-    for messages in conversations:
+    ours, theirs = HFTokenizer(source), transformers.AutoTokenizer.from_pretrained(out)
+    for messages in CONVERSATIONS:
         rendered = theirs.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
         assert rendered == ours.render_chat(messages) == HFTokenizer(out).render_chat(messages)
         assert theirs(rendered, add_special_tokens=False)["input_ids"] == ours.encode(rendered, add_bos=False)
-    shutil.rmtree(out)
+
+    model = transformers.AutoModelForCausalLM.from_pretrained(out, dtype=torch.float32)
+    prompts = [ours.encode(ours.render_chat(messages), add_bos=False) for messages in CONVERSATIONS]
+    _assert_same_logits(model, solver.graphdef, solver.params, [*map(ours.encode, TEXTS), *prompts], ours.pad_id)
