@@ -71,7 +71,7 @@ def export_agent(workdir: str, agent: str, out: str, *, policy_version: int | No
         raise ExportError(f"agent {agent!r} has no checkpoint at --version {policy_version} under {checkpoints}; "
                           f"available: {', '.join(map(str, versions))}")
     out = os.path.abspath(out)
-    _check_output(out, force)
+    _check_output(out, force, protected=[workdir] + ([source.checkpoint_dir] if source.checkpoint_dir else []))
 
     snapshot = _restore_matching(checkpoints, policy_version, source, agent)
     created = _make_parents(out)
@@ -121,7 +121,10 @@ def _agent_source(workdir: str, agent: str) -> _Source:
     return _Source(model, info.model_config, info.tokenizer, info.path)
 
 
-def _check_output(out: str, force: bool) -> None:
+def _check_output(out: str, force: bool, protected: list[str]) -> None:
+    for path in map(os.path.abspath, protected):  # --force must never delete the run or the model it came from
+        if os.path.commonpath([out, path]) == out:
+            raise ExportError(f"--out {out} holds {path}, which export reads; choose another directory")
     if os.path.exists(out) and not os.path.isdir(out):
         raise ExportError(f"--out {out} exists and is not a directory")
     if os.path.isdir(out) and os.listdir(out) and not force:

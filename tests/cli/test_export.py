@@ -172,6 +172,7 @@ def _snapshot(directory) -> dict[str, float]:
     ("out_not_empty", "is not empty; pass --force to replace it"),
     ("model_changed", "does not match config.agents.solver.model='small' (differs in hidden_size"),
     ("source_lost_tokenizer", "tokenizer.json is missing: the checkpoint has no tokenizer files"),
+    ("out_is_the_run", "which export reads; choose another directory"),
 ])
 def test_bad_input_is_one_line_and_writes_nothing(preset_run, tmp_path, capsys, case, fragment):
     workdir, agent, out, extra = preset_run[0], "solver", tmp_path / "new" / "solver", []
@@ -184,6 +185,8 @@ def test_bad_input_is_one_line_and_writes_nothing(preset_run, tmp_path, capsys, 
     elif case == "no_config":
         workdir = tmp_path / "empty"
         workdir.mkdir()
+    elif case == "out_is_the_run":  # even with --force
+        out, extra = workdir, ["--force"]
     elif case == "out_not_empty":
         out.mkdir(parents=True)
         (out / "keep.txt").write_text("mine")
