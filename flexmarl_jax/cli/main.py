@@ -1,4 +1,4 @@
-"""`flexmarl` — train, bench, inspect.
+"""`flexmarl` — train, bench, inspect, export.
 
 Each subcommand is a thin shell over a function tests can call directly. Heavy imports (JAX, JetStream,
 TensorFlow) happen inside the subcommand that needs them, so `flexmarl --help` stays fast.
@@ -19,6 +19,7 @@ COMMANDS_HELP = """commands:
   train     run multi-agent RL: --config=PATH[:VARIANT], --config.KEY=VALUE, --workdir=DIR (flexmarl train --help)
   bench     run a benchmark: flexmarl bench NAME [--json PATH] (flexmarl bench --list)
   inspect   summarise a workdir (experience store tables, metrics)
+  export    write a trained agent as a Hugging Face model directory: WORKDIR --agent NAME --out DIR [--version V]
 """
 
 
@@ -94,7 +95,30 @@ def cmd_inspect(argv: list[str]) -> int:
     return 0
 
 
-COMMANDS = {"train": cmd_train, "bench": cmd_bench, "inspect": cmd_inspect}
+def cmd_export(argv: list[str]) -> int:
+    parser = argparse.ArgumentParser(
+        prog="flexmarl export",
+        description="Write one agent of a run as a Hugging Face model directory (weights, config, tokenizer).")
+    parser.add_argument("workdir", help="the run's --workdir (holds config.json and checkpoints/)")
+    parser.add_argument("--agent", required=True, help="the agent to export (a key of config.agents)")
+    parser.add_argument("--out", required=True, help="the directory to write (must be empty or absent)")
+    parser.add_argument("--version", type=int, default=None, help="the policy version to export (default: latest)")
+    parser.add_argument("--force", action="store_true", help="replace a non-empty --out")
+    args = parser.parse_args(argv)
+    # Export reads and converts arrays on the host: keep JAX off accelerators that a run may be using.
+    os.environ.setdefault("JAX_PLATFORMS", "cpu")
+    from flexmarl_jax.cli.export import ExportError, export_agent
+
+    try:
+        result = export_agent(args.workdir, args.agent, args.out, policy_version=args.version, force=args.force)
+    except ExportError as error:
+        print(f"flexmarl export: {error}", file=sys.stderr)
+        return 2
+    print(result.summary())
+    return 0
+
+
+COMMANDS = {"train": cmd_train, "bench": cmd_bench, "inspect": cmd_inspect, "export": cmd_export}
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -5,7 +5,8 @@ Kept light: importing this package imports no JAX. Use the submodules:
 HFTokenizer), `chat_template` (ChatTemplate, load_chat_template), `functional` (init_params,
 forward, token_logprobs, init_cache, prefill, decode_step, param_count), `checkpoint`
 (from_pretrained, save_pretrained), `hf_directory` (inspect_checkpoint_dir, is_checkpoint_dir),
-`synthetic` (make_checkpoint: small random-init HF checkpoints for tests).
+`synthetic` (make_checkpoint: small random-init HF checkpoints for tests), `tokenizer_files` (the tokenizer
+files of an exported model).
 """
 
 from flexmarl_jax.models.config import ModelConfig

@@ -32,14 +32,12 @@ from flexmarl_jax.orchestrator.warmup import run_warmup, warmup_examples
 from flexmarl_jax.orchestrator.weight_sync import StoreWeightSync
 from flexmarl_jax.store import ExperienceStore
 from flexmarl_jax.train.algorithms import loss_config_for
-from flexmarl_jax.train.checkpoint import restore_trainer, save_all
+from flexmarl_jax.train.checkpoint import CHECKPOINT_DIR, restore_trainer, save_all
 from flexmarl_jax.transfer import StateStore
 from flexmarl_jax.workflows import Task, Workflow
 from flexmarl_jax.workflows.from_config import team_agents
 
 logger = logging.getLogger(__name__)
-
-CHECKPOINT_DIR = "checkpoints"
 
 
 class BuiltRun(NamedTuple):

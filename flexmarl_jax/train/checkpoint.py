@@ -1,10 +1,11 @@
 """Orbax checkpoints of agent trainers: parameters, optimizer state and policy version.
 
-Layout: ``ROOT/<agent>/<policy_version>/{state,meta}`` (an Orbax CheckpointManager per agent). ``state``
-is a flat ``{name: array}`` dict whose names are the pytree paths (``trainable.policy.layers.0...``):
-stable, readable with any Orbax tool, and independent of mesh shape. Restoring reads every array
-straight into the *target trainer's* shardings, so a checkpoint written on an 8-way FSDP mesh restores
-onto a 2x2 FSDP x TP mesh (or one device) without a gather on the host.
+Layout: ``ROOT/<agent>/<policy_version>/{state,meta}`` (an Orbax CheckpointManager per agent); a run keeps
+ROOT at ``WORKDIR/checkpoints``. ``state`` is a flat ``{name: array}`` dict whose names are the pytree paths
+(``trainable.policy.layers.0...``): stable, readable with any Orbax tool, and independent of mesh shape.
+Restoring reads every array straight into the *target trainer's* shardings, so a checkpoint written on an
+8-way FSDP mesh restores onto a 2x2 FSDP x TP mesh (or one device) without a gather on the host.
+`restore_policy` reads only the policy parameters, without a trainer or its optimizer state (export).
 """
 
 from __future__ import annotations
@@ -14,13 +15,22 @@ import json
 import logging
 import os
 from collections.abc import Mapping
+from typing import Any, NamedTuple
 
 import jax
 import orbax.checkpoint as ocp
+from flax import nnx
 
+from flexmarl_jax.models.config import ModelConfig
+from flexmarl_jax.models.functional import abstract_model
 from flexmarl_jax.train.trainer import AgentTrainer
 
 logger = logging.getLogger(__name__)
+
+CHECKPOINT_DIR = "checkpoints"  # a run's checkpoints live in WORKDIR/checkpoints/<agent>/<policy_version>
+# `AgentTrainer.checkpoint_state` keeps the policy network at trainable.policy; everything else in a checkpoint
+# (optimizer moments, critic, reference) is training state that a finished model does not need.
+_POLICY_PREFIX = "trainable.policy."
 
 
 def _key_name(entry) -> str:
@@ -113,3 +123,66 @@ def save_all(trainers: Mapping[str, AgentTrainer], root: str | os.PathLike, **kw
 def restore_all(trainers: Mapping[str, AgentTrainer], root: str | os.PathLike) -> dict[str, int]:
     """Restores every agent from ``root/<agent>`` (latest version each); returns {agent: policy_version}."""
     return {name: restore_trainer(t, os.path.join(os.fspath(root), name)) for name, t in trainers.items()}
+
+
+class PolicySnapshot(NamedTuple):
+    """One agent's policy network as saved at one version (what `restore_policy` returns)."""
+
+    policy_version: int
+    model_config: ModelConfig
+    graphdef: Any
+    params: nnx.State  # on one device, in the dtype the trainer kept
+
+
+def checkpoint_versions(directory: str | os.PathLike) -> list[int]:
+    """The policy versions saved under ``directory`` (one agent's checkpoints), ascending; [] if none."""
+    directory = os.path.abspath(os.fspath(directory))
+    if not os.path.isdir(directory):
+        return []
+    with _reader(directory) as manager:
+        return sorted(manager.all_steps())
+
+
+def _reader(directory: str) -> ocp.CheckpointManager:
+    # create=False: reading never makes a directory (nothing else is written without a save); the handlers let
+    # item_metadata see the tree.
+    options = ocp.CheckpointManagerOptions(create=False)
+    return ocp.CheckpointManager(directory, options=options, item_names=("state", "meta"),
+                                 item_handlers={"state": ocp.PyTreeCheckpointHandler(),
+                                                "meta": ocp.JsonCheckpointHandler()})
+
+
+def restore_policy(directory: str | os.PathLike, policy_version: int | None = None, *,
+                   device: jax.Device | None = None) -> PolicySnapshot:
+    """Reads only the policy parameters of one agent's checkpoint onto one device (default: the first CPU).
+
+    Builds no trainer and reads no optimizer state, so exporting a model needs memory for its parameters
+    only. ``policy_version=None`` takes the latest. The arrays keep the dtype they were saved in.
+    """
+    directory = os.path.abspath(os.fspath(directory))
+    versions = checkpoint_versions(directory)
+    step = (versions[-1] if versions else None) if policy_version is None else int(policy_version)
+    if step is None or step not in versions:
+        raise FileNotFoundError(f"no checkpoint for policy_version={policy_version} under {directory}; "
+                                f"available: {versions}")
+    sharding = jax.sharding.SingleDeviceSharding(device if device is not None else jax.devices("cpu")[0])
+    with _reader(directory) as manager:
+        meta = manager.restore(step, args=ocp.args.Composite(meta=ocp.args.JsonRestore()))["meta"]
+        saved = manager.item_metadata(step)["state"]
+        model_config = ModelConfig(**meta["model_config"])
+        dtype = saved[_POLICY_PREFIX + "embed.embedding.value"].dtype
+        graphdef, abstract = abstract_model(model_config, dtype=dtype)
+        expected, treedef = flatten_to_names({"trainable": {"policy": abstract}})
+        for name, leaf in expected.items():
+            if name not in saved or tuple(saved[name].shape) != tuple(leaf.shape):
+                found = tuple(saved[name].shape) if name in saved else "nothing"
+                raise ValueError(f"checkpoint {directory}/{step} holds {found} at {name}, but its model_config "
+                                 f"needs shape {tuple(leaf.shape)}")
+        target = {name: jax.ShapeDtypeStruct(saved[name].shape, saved[name].dtype, sharding=sharding)
+                  for name in expected}
+        restore_args = {name: ocp.ArrayRestoreArgs(sharding=sharding, dtype=saved[name].dtype)
+                        for name in expected}
+        restored = manager.restore(step, args=ocp.args.Composite(
+            state=ocp.args.PyTreeRestore(target, restore_args=restore_args, partial_restore=True)))["state"]
+    policy = jax.tree_util.tree_unflatten(treedef, [restored[name] for name in expected])["trainable"]["policy"]
+    return PolicySnapshot(int(meta["policy_version"]), model_config, graphdef, policy)

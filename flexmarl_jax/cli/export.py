@@ -1,0 +1,198 @@
+"""`flexmarl export WORKDIR --agent NAME --out DIR`: one trained agent as a Hugging Face model directory.
+
+The directory holds ``config.json`` and safetensors weights (`models.checkpoint.save_pretrained`), the
+tokenizer files and a ``generation_config.json``, so ``transformers.AutoModelForCausalLM.from_pretrained`` and
+``AutoTokenizer.from_pretrained`` load it (and so does `models.checkpoint.from_pretrained`, for another run).
+Only the policy parameters are read from the checkpoint, onto one CPU device: no trainer, no optimizer state.
+Everything is written into a temporary directory beside DIR and renamed at the end, so a failed export leaves
+nothing behind. docs/export.md describes the output.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import shutil
+import tempfile
+
+from flexmarl_jax.config.errors import ConfigError
+from flexmarl_jax.models.config import ModelConfig
+from flexmarl_jax.models.tokenizer import Tokenizer
+
+
+class ExportError(Exception):
+    """A bad workdir, agent, version or output directory; the message is one line naming it."""
+
+
+@dataclasses.dataclass(frozen=True)
+class ExportResult:
+    """What `export_agent` wrote."""
+
+    agent: str
+    policy_version: int
+    out: str
+    files: tuple[str, ...]
+    architecture: str
+    num_params: int
+    dtype: str
+
+    def summary(self) -> str:
+        return (f"exported agent {self.agent!r} policy_version {self.policy_version} ({self.architecture}, "
+                f"{self.num_params / 1e6:.2f}M params, {self.dtype}) to {self.out}: {', '.join(self.files)}")
+
+
+@dataclasses.dataclass(frozen=True)
+class _Source:
+    """Where an agent's model came from (a preset name or a HF checkpoint directory) and what it says."""
+
+    model: str
+    model_config: ModelConfig
+    tokenizer: Tokenizer
+    checkpoint_dir: str | None  # None for a preset (character tokenizer)
+
+
+def export_agent(workdir: str, agent: str, out: str, *, policy_version: int | None = None,
+                 force: bool = False) -> ExportResult:
+    """Exports ``agent``'s policy at ``policy_version`` (default: the latest) from a `flexmarl train` workdir.
+
+    Raises ExportError (one line, nothing written) for a workdir without a readable config.json, an unknown
+    agent, a version that was not saved, a model source that no longer matches the checkpoint, or a non-empty
+    ``out`` without ``force``.
+    """
+    from flexmarl_jax.train.checkpoint import CHECKPOINT_DIR, checkpoint_versions
+
+    source = _agent_source(workdir, agent)
+    checkpoints = os.path.join(workdir, CHECKPOINT_DIR, agent)
+    versions = checkpoint_versions(checkpoints)
+    if not versions:
+        raise ExportError(f"no checkpoints of agent {agent!r} under {checkpoints}")
+    if policy_version is not None and policy_version not in versions:
+        raise ExportError(f"agent {agent!r} has no checkpoint at --version {policy_version} under {checkpoints}; "
+                          f"available: {', '.join(map(str, versions))}")
+    out = os.path.abspath(out)
+    _check_output(out, force, protected=[workdir] + ([source.checkpoint_dir] if source.checkpoint_dir else []))
+
+    snapshot = _restore_matching(checkpoints, policy_version, source, agent)
+    created = _make_parents(out)
+    staging = tempfile.mkdtemp(prefix=f".{os.path.basename(out)}.export-", dir=os.path.dirname(out))
+    try:
+        files = _write_model_dir(staging, snapshot, source)
+        _replace(staging, out)
+    except BaseException:
+        shutil.rmtree(staging, ignore_errors=True)
+        if created:
+            shutil.rmtree(created, ignore_errors=True)
+        raise
+    import jax
+
+    from flexmarl_jax.models.functional import param_count
+
+    dtype = "/".join(sorted({str(leaf.dtype) for leaf in jax.tree.leaves(snapshot.params)}))
+    return ExportResult(agent, snapshot.policy_version, out, tuple(files), snapshot.model_config.architecture,
+                        param_count(snapshot.params), dtype)
+
+
+def _agent_source(workdir: str, agent: str) -> _Source:
+    from flexmarl_jax.config import RunConfig
+
+    path = os.path.join(workdir, "config.json")
+    if not os.path.isfile(path):
+        raise ExportError(f"{path} not found: WORKDIR must be a directory written by `flexmarl train`")
+    try:
+        with open(path) as handle:
+            values = json.load(handle)
+        config = RunConfig.from_config(values)
+    except (json.JSONDecodeError, ConfigError) as error:
+        raise ExportError(f"{path}: {error}") from None
+    if agent not in config.agents:
+        raise ExportError(f"unknown agent {agent!r}; agents in {path}: {', '.join(config.agents)}")
+    model = config.agents[agent].model
+    from flexmarl_jax.models.hf_directory import inspect_checkpoint_dir, is_checkpoint_dir
+    from flexmarl_jax.models.presets import get_preset
+    from flexmarl_jax.models.tokenizer import CharTokenizer
+
+    if not is_checkpoint_dir(model):
+        return _Source(model, get_preset(model), CharTokenizer(), None)
+    try:
+        info = inspect_checkpoint_dir(model)
+    except ValueError as error:
+        raise ExportError(f"config.agents.{agent}.model={model!r}: {error}") from None
+    return _Source(model, info.model_config, info.tokenizer, info.path)
+
+
+def _check_output(out: str, force: bool, protected: list[str]) -> None:
+    for path in map(os.path.abspath, protected):  # --force must never delete the run or the model it came from
+        if os.path.commonpath([out, path]) == out:
+            raise ExportError(f"--out {out} holds {path}, which export reads; choose another directory")
+    if os.path.exists(out) and not os.path.isdir(out):
+        raise ExportError(f"--out {out} exists and is not a directory")
+    if os.path.isdir(out) and os.listdir(out) and not force:
+        raise ExportError(f"--out {out} is not empty; pass --force to replace it")
+
+
+def _restore_matching(checkpoints: str, policy_version: int | None, source: _Source, agent: str):
+    """The saved policy, after checking that the agent's model source still describes it (the tokenizer
+    files come from that source, so a source that changed since training would export the wrong ones)."""
+    from flexmarl_jax.train.checkpoint import restore_policy
+
+    try:
+        snapshot = restore_policy(checkpoints, policy_version)
+    except ValueError as error:  # a checkpoint whose arrays miss its model's shapes
+        raise ExportError(str(error)) from None
+    expected = source.model_config
+    if snapshot.model_config != expected:
+        differ = [field.name for field in dataclasses.fields(expected)
+                  if getattr(expected, field.name) != getattr(snapshot.model_config, field.name)]
+        raise ExportError(f"checkpoint {checkpoints}/{snapshot.policy_version} does not match "
+                          f"config.agents.{agent}.model={source.model!r} (differs in {', '.join(differ)})")
+    return snapshot
+
+
+def _write_model_dir(directory: str, snapshot, source: _Source) -> list[str]:
+    from flexmarl_jax.models.checkpoint import save_pretrained
+    from flexmarl_jax.models.tokenizer_files import copy_tokenizer_files, write_char_tokenizer
+
+    files = save_pretrained((snapshot.graphdef, snapshot.params), directory)
+    if source.checkpoint_dir is not None:
+        files += copy_tokenizer_files(source.checkpoint_dir, directory)
+    else:
+        files += write_char_tokenizer(directory, source.tokenizer,
+                                      model_max_length=snapshot.model_config.max_position_embeddings)
+    if "generation_config.json" not in files:
+        with open(os.path.join(directory, "generation_config.json"), "w") as handle:
+            json.dump(_generation_config(source.tokenizer), handle, indent=2)
+        files.append("generation_config.json")
+    return files
+
+
+def _generation_config(tokenizer: Tokenizer) -> dict:
+    """The special ids transformers' `generate` needs: it stops at any eos_token_id and pads with pad_token_id."""
+    stop_ids = list(tokenizer.stop_ids)
+    config = {"eos_token_id": stop_ids if len(stop_ids) > 1 else stop_ids[0], "pad_token_id": tokenizer.pad_id}
+    if tokenizer.bos_id is not None:
+        config["bos_token_id"] = tokenizer.bos_id
+    return config
+
+
+def _make_parents(out: str) -> str | None:
+    """Creates the missing parents of ``out``; returns the topmost one created (removed again on failure)."""
+    parent, topmost = os.path.dirname(out), None
+    while not os.path.isdir(parent):
+        topmost, parent = parent, os.path.dirname(parent)
+    if topmost is not None:
+        os.makedirs(os.path.dirname(out))
+    return topmost
+
+
+def _replace(staging: str, out: str) -> None:
+    """Moves the finished directory to ``out`` (emptied or refused by `_check_output` before)."""
+    umask = os.umask(0)
+    os.umask(umask)
+    # mkdtemp (and safetensors) make private files; the export is an ordinary directory
+    os.chmod(staging, 0o777 & ~umask)
+    for name in os.listdir(staging):
+        os.chmod(os.path.join(staging, name), 0o666 & ~umask)
+    if os.path.isdir(out):
+        shutil.rmtree(out)
+    os.replace(staging, out)
