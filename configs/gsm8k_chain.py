@@ -16,7 +16,6 @@ import ml_collections
 
 from flexmarl_jax.configs import tiny
 
-CHECKPOINTS = os.environ.get("FLEXMARL_CHECKPOINTS", "checkpoints")
 HERE = os.path.dirname(os.path.abspath(__file__))
 SMOKE_DATA = os.path.join(HERE, "data", "gsm8k_smoke.jsonl")
 
@@ -30,10 +29,12 @@ def base_config() -> ml_collections.ConfigDict:
     config.workdir = "runs/gsm8k_chain"
     config.iterations = 200
 
+    # Where `huggingface-cli download` put the checkpoints (docs/recipes.md): $FLEXMARL_CHECKPOINTS, or ./checkpoints.
+    checkpoints = os.environ.get("FLEXMARL_CHECKPOINTS", "checkpoints")
     agents = config.agents
-    agents.solver.model = os.path.join(CHECKPOINTS, "Qwen2.5-1.5B-Instruct")
-    agents.verifier.model = os.path.join(CHECKPOINTS, "Qwen2.5-0.5B-Instruct")
-    agents.corrector.model = os.path.join(CHECKPOINTS, "Qwen2.5-0.5B-Instruct")
+    agents.solver.model = os.path.join(checkpoints, "Qwen2.5-1.5B-Instruct")
+    agents.verifier.model = os.path.join(checkpoints, "Qwen2.5-0.5B-Instruct")
+    agents.corrector.model = os.path.join(checkpoints, "Qwen2.5-0.5B-Instruct")
     for agent in agents.values():
         agent.temperature = 1.0
         agent.dtype = "bfloat16"  # parameters and compute

@@ -15,6 +15,13 @@ if "JAX_COMPILATION_CACHE_DIR" not in os.environ:
     os.environ["JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS"] = "0"
     os.environ["JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES"] = "0"
 
+# Synthetic checkpoints the recipes' smoke variants make on first use (models/fixture_cache.py) go to a
+# session folder, not the user's cache.
+if "FLEXMARL_FIXTURE_DIR" not in os.environ:
+    import tempfile
+
+    os.environ["FLEXMARL_FIXTURE_DIR"] = tempfile.mkdtemp(prefix="flexmarl-jax-test-fixtures-")
+
 import pytest  # noqa: E402
 
 

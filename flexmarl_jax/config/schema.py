@@ -13,6 +13,7 @@ This module does not use `from __future__ import annotations`: the field types a
 """
 
 import dataclasses
+import functools
 import json
 import os
 from collections.abc import Mapping
@@ -69,17 +70,31 @@ def _task_rule(task: str) -> str | None:
     return f"is not allowed; choose one of: {', '.join(names)} or a path ending in .jsonl"
 
 
+def _directory_stamp(path: str) -> tuple:
+    """Names and modification times of a directory's files: what says it changed since it was last checked."""
+    with os.scandir(path) as entries:
+        return tuple(sorted((entry.name, entry.stat().st_mtime_ns) for entry in entries))
+
+
+@functools.lru_cache(maxsize=64)
+def _checkpoint_problem(path: str, stamp: tuple) -> str | None:
+    """Why a checkpoint directory cannot be used, or None; cached per directory state, since a config is
+    rebuilt (and every field re-checked) each time a field changes, and reading a tokenizer takes a while."""
+    del stamp  # part of the cache key only
+    from flexmarl_jax.models.hf_directory import inspect_checkpoint_dir
+
+    try:
+        inspect_checkpoint_dir(path)
+    except (ValueError, OSError) as error:
+        return f"is not a usable checkpoint: {error}"
+    return None
+
+
 def _model_rule(model: str) -> str | None:
     """A model preset or a local Hugging Face checkpoint directory whose config, tokenizer and weight files
     are there and fit each other (read without loading weights)."""
     if os.path.isdir(model):
-        from flexmarl_jax.models.hf_directory import inspect_checkpoint_dir
-
-        try:
-            inspect_checkpoint_dir(model)
-        except (ValueError, OSError) as error:
-            return f"is not a usable checkpoint: {error}"
-        return None
+        return _checkpoint_problem(os.path.abspath(model), _directory_stamp(model))
     try:
         from flexmarl_jax.models import presets
     except ImportError:  # the model package is optional for config-only use

@@ -66,8 +66,19 @@ def test_unknown_and_mistyped_fields_in_a_config_file():
 CONFIG_FILES = sorted(path.name for path in pathlib.Path("configs").glob("*.py") if path.name != "__init__.py")
 
 
+@pytest.fixture
+def recipe_checkpoints(tmp_path, monkeypatch):
+    """configs/gsm8k_chain.py names real Qwen2.5 checkpoints under $FLEXMARL_CHECKPOINTS: stand synthetic ones
+    of the same architecture in for them."""
+    from flexmarl_jax.models.fixture_cache import synthetic_checkpoint
+
+    for name, size in (("Qwen2.5-1.5B-Instruct", "small"), ("Qwen2.5-0.5B-Instruct", "smoke")):
+        (tmp_path / name).symlink_to(synthetic_checkpoint("qwen2", size=size))
+    monkeypatch.setenv("FLEXMARL_CHECKPOINTS", str(tmp_path))
+
+
 @pytest.mark.parametrize("name", CONFIG_FILES)
-def test_every_variant_of_every_config_file_is_valid(name):
+def test_every_variant_of_every_config_file_is_valid(name, recipe_checkpoints):
     module = importlib.import_module(f"flexmarl_jax.configs.{name[:-3]}")
     assert module.VARIANTS, name
     for variant in ("", *module.VARIANTS):
