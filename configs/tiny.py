@@ -21,6 +21,9 @@ def agent_config(model: str = "tiny") -> ml_collections.ConfigDict:
     agent.top_k = 0  # keep the k most likely tokens; 0 = no top-k filter
     agent.top_p = 1.0  # nucleus sampling mass in (0, 1]
     agent.learning_rate = -1.0  # this agent's learning rate; -1 = use train.learning_rate
+    agent.dtype = "float32"  # parameters and compute (training and rollout): float32 | bfloat16
+    agent.fp32_master_weights = False  # bfloat16 only: the optimizer updates a float32 copy of the parameters
+    agent.decode_slots = 0  # concurrent sequences per engine instance of this agent; 0 = rollout.decode_slots
     return agent
 
 
@@ -90,6 +93,7 @@ def base_config() -> ml_collections.ConfigDict:
     # The global batch, samples per agent per iteration, is workflow.queries_per_iteration x samples_per_query.
     config.train.micro_batch_size = 32  # samples per gradient micro-batch; must divide the global batch
     config.train.max_staleness = 0  # 0 = strict on-policy; k > 0 lets rollout run k versions ahead
+    config.train.remat = False  # rematerialise each decoder layer in training: less memory, ~1 more forward
 
     config.mesh = ml_collections.ConfigDict()
     config.mesh.fake_cpu_devices = 8  # on a CPU host, fake this many XLA devices (ignored on TPU/GPU)

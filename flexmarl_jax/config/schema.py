@@ -90,6 +90,12 @@ def _checkpoint_problem(path: str, stamp: tuple) -> str | None:
     return None
 
 
+def _param_dtypes() -> tuple[str, ...]:
+    from flexmarl_jax.models.dtypes import PARAM_DTYPES
+
+    return PARAM_DTYPES
+
+
 def _model_rule(model: str) -> str | None:
     """A model preset or a local Hugging Face checkpoint directory whose config, tokenizer and weight files
     are there and fit each other (read without loading weights)."""
@@ -121,6 +127,17 @@ class AgentConfig(Section):
     learning_rate: float = setting(
         -1.0, help="this agent's learning rate; -1 = use train.learning_rate",
         rule=lambda lr: None if lr == -1.0 or lr > 0 else "must be > 0 or -1 (use train.learning_rate)")
+    dtype: str = setting("float32", choices=_param_dtypes, help="dtype of this agent's parameters and compute, "
+                         "in training and rollout (the KV cache follows it)")
+    fp32_master_weights: bool = setting(False, help="bfloat16 only: the optimizer updates a float32 copy of the "
+                                        "parameters and the bfloat16 ones are its cast")
+    decode_slots: int = setting(0, rule=at_least_zero, help="concurrent sequences per engine instance of this "
+                                "agent; 0 = rollout.decode_slots")
+
+    def check(self, path: str) -> None:
+        if self.fp32_master_weights and self.dtype == "float32":
+            raise ConfigError(f"config.{path}.fp32_master_weights=True needs {path}.dtype='bfloat16' (float32 "
+                              "parameters are their own master copy)")
 
 
 def _chain_agents() -> dict[str, AgentConfig]:
@@ -180,6 +197,8 @@ class TrainConfig(Section):
                                     "global batch and is a multiple of workflow.samples_per_query")
     max_staleness: int = setting(0, rule=at_least_zero,
                                  help="0 = strict on-policy; k > 0 lets rollout run k versions ahead")
+    remat: bool = setting(False, help="rematerialise each decoder layer in the training step: activation "
+                          "memory of one layer instead of all, for about one more forward pass")
 
 
 @_frozen

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import jax
 import jax.numpy as jnp
 from flax import nnx
 
@@ -26,6 +27,38 @@ class DecoderLayer(nnx.Module):
         return with_logical_constraint(x, ("batch", "length", "act_embed")), cache
 
 
+def _rematerialised(layer: DecoderLayer, x, positions, mask):
+    """`layer(x)` whose backward pass keeps only the layer's input and recomputes the rest from it.
+
+    A custom VJP rather than `jax.checkpoint`: XLA's CPU compiler drops the optimisation barriers that
+    `jax.checkpoint` relies on, then schedules every layer's recomputation as soon as its input exists (all
+    before the backward pass starts) or merges it with the forward pass, and memory is not reduced at all.
+    Here the recomputation's input depends on the incoming cotangent, so it can only run when the backward
+    pass reaches this layer, on every backend. The dependency adds `min(|g|, 0)` of one cotangent element:
+    exactly 0 unless the cotangent is NaN (then the gradient is NaN anyway). Gradients are `jax.vjp` of the
+    same function, so they equal the plain backward pass.
+    """
+    graphdef, state = nnx.split(layer)
+
+    def run(state, x):
+        return nnx.merge(graphdef, state)(x, positions, mask)[0]
+
+    @jax.custom_vjp
+    def layer_forward(state, x):
+        return run(state, x)
+
+    def keep_input(state, x):
+        return run(state, x), (state, x)
+
+    def recompute_then_backprop(saved, cotangent):
+        state, x = saved
+        after_cotangent = jnp.minimum(jnp.abs(cotangent.reshape(-1)[0].astype(jnp.float32)), 0.0)
+        return jax.vjp(run, state, x + after_cotangent.astype(x.dtype))[1](cotangent)
+
+    layer_forward.defvjp(keep_input, recompute_then_backprop)
+    return layer_forward(state, x)
+
+
 class DecoderLM(nnx.Module):
     """Token ids -> next-token logits. `config` is kept as a static attribute (it is hashable)."""
 
@@ -42,14 +75,21 @@ class DecoderLM(nnx.Module):
                 logical_axes=("embed", "vocab"),
             )
 
-    def __call__(self, tokens, positions, mask, cache=None, decode: bool = False):
+    def __call__(self, tokens, positions, mask, cache=None, decode: bool = False, remat: bool = False):
         """tokens/positions [B, T]; mask [B, T, S] bool (query t may see key s).
 
+        remat (training, no cache): keep only each layer's input for the backward pass and recompute the
+        layer's inside from it, so activation memory holds one layer's intermediates instead of all.
         Returns (logits [B, T, V] float32, cache).
         """
+        if remat and cache is not None:
+            raise ValueError("remat is for the training forward pass; it takes no KV cache")
         x = with_logical_constraint(self.embed(tokens), ("batch", "length", "act_embed"))
         for index, layer in enumerate(self.layers):
-            x, cache = layer(x, positions, mask, cache, index, decode)
+            if remat:
+                x = _rematerialised(layer, x, positions, mask)
+            else:
+                x, cache = layer(x, positions, mask, cache, index, decode)
         x = self.final_norm(x)
         if self.config.tie_word_embeddings:
             logits = self.embed.attend(x)

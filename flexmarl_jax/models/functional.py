@@ -87,14 +87,15 @@ def causal_padding_mask(attention_mask: jax.Array) -> jax.Array:
     return causal[None] & attention_mask.astype(bool)[:, None, :]
 
 
-def forward(graphdef, params, tokens, positions, attention_mask) -> jax.Array:
+def forward(graphdef, params, tokens, positions, attention_mask, *, remat: bool = False) -> jax.Array:
     """Full-sequence logits for training and scoring.
 
     tokens/positions [B, T] int32, attention_mask [B, T] bool (False = padding) -> logits
     [B, T, V] float32. Causal by index within the row plus key padding. Pure and jit-able.
+    remat: rematerialise each decoder layer under a gradient (same values, less memory; see DecoderLM).
     """
     model = nnx.merge(graphdef, params)
-    logits, _ = model(tokens, positions, causal_padding_mask(attention_mask))
+    logits, _ = model(tokens, positions, causal_padding_mask(attention_mask), remat=remat)
     return logits
 
 

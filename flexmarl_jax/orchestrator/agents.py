@@ -23,6 +23,7 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import jax
+import jax.numpy as jnp
 from jax.sharding import Mesh
 
 from flexmarl_jax.config import RunConfig
@@ -137,8 +138,12 @@ def build_agent_runtimes(config: RunConfig, layout: Mapping[str, AgentDevices], 
         source = sources[agent]
         trainer_config = dataclasses.replace(agent_trainer_config(config, agent), **(trainer_overrides or {}))
         mesh = train_meshes[agent] if train_meshes is not None else layout[agent].train_mesh(config.mesh.tp)
+        # Weights load in the dtype they are trained in; with master weights in float32, which the trainer keeps
+        # as the master copy and casts for the bfloat16 parameters.
+        load_dtype = "float32" if trainer_config.fp32_master_weights else trainer_config.dtype
         trainer = AgentTrainer(agent, source.model_config, trainer_config, mesh=mesh,
-                               seed=config.seed * 1000 + index, initial=source.initial_weights(mesh=mesh))
+                               seed=config.seed * 1000 + index,
+                               initial=source.initial_weights(mesh=mesh, dtype=jnp.dtype(load_dtype)))
         runtimes[agent] = AgentRuntime(name=agent, model_config=source.model_config, tokenizer=source.tokenizer,
                                        sampling=sampling_for(config, agent), devices=layout[agent], trainer=trainer)
     return runtimes

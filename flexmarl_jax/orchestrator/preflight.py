@@ -1,5 +1,5 @@
-"""What a run checks before it writes or allocates anything: its models, its prompts and (with the memory
-estimate) whether the team fits.
+"""What a run checks before it writes or allocates anything: its models, its prompts and whether the team fits
+in memory (config/memory.py estimates each agent's peak from shapes).
 
     checked = preflight(config)        # one-line ConfigError naming the field or file on any problem
     build_orchestrator(config, checked=checked)
@@ -17,6 +17,7 @@ import dataclasses
 from collections.abc import Mapping
 
 from flexmarl_jax.config import ConfigError, RunConfig
+from flexmarl_jax.config.memory import check_team_fits
 from flexmarl_jax.models.sources import ModelSource
 from flexmarl_jax.workflows import Task, Workflow
 from flexmarl_jax.workflows.from_config import task_from_config, team_agents, workflow_from_config
@@ -50,6 +51,7 @@ def preflight(config: RunConfig) -> Preflight:
                           "have one (set workflow.warmup_steps=0)")
     check_context_length(config, sources)
     check_first_turn_prompts(config, workflow, task, sources)
+    check_team_fits(config, {agent: source.model_config for agent, source in sources.items()})
     return Preflight(sources, workflow, task)
 
 

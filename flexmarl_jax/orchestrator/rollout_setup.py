@@ -87,8 +87,9 @@ class RolloutHandle:
             instance.flush_span()
 
 
-def engine_config_for(config: RunConfig) -> EngineConfig:
-    return EngineConfig(max_concurrent_decodes=config.rollout.decode_slots,
+def engine_config_for(config: RunConfig, agent: str) -> EngineConfig:
+    """``agent``'s engine shapes: its own decode slots (agents.<name>.decode_slots, 0 = rollout.decode_slots)."""
+    return EngineConfig(max_concurrent_decodes=config.agents[agent].decode_slots or config.rollout.decode_slots,
                         max_prefill_length=config.rollout.max_prompt_length,
                         max_decode_length=config.rollout.max_response_length)
 
@@ -101,11 +102,11 @@ def start_engines(config: RunConfig, runtimes: Mapping[str, AgentRuntime], timel
     Call once the trainers hold the weights rollout starts from (after a resume or warm-up): the engines
     copy them now. The trainers must still be `AgentTrainer`s (before `agents.pool_training`).
     """
-    engine_config = engine_config_for(config)
     started: dict[str, AgentRuntime] = {}
     number = 0
     for agent, runtime in runtimes.items():
         trainer, devices = runtime.trainer, runtime.devices
+        engine_config = engine_config_for(config, agent)
         instances = []
         for group in range(len(devices.rollout_groups)):
             instance = TimedInstance.create(runtime.model_config, trainer.graphdef, trainer.params, engine_config,

@@ -151,6 +151,8 @@ class FlexEngine(engine_api.Engine):
       mesh: the engine's (sub-)mesh; the decode state lives replicated on it. Defaults to device 0.
       params: what `load_params()` returns (optional).
       default_sampling: used when `prefill` is called without `sampling` (JetStream's Driver does).
+      cache_dtype: dtype of the KV cache; default the dtype of `params` (float32 without params), so a
+        bfloat16 agent's cache takes half the memory and attention reads it without casts.
     """
 
     def __init__(
@@ -163,6 +165,7 @@ class FlexEngine(engine_api.Engine):
         mesh: Mesh | None = None,
         params: Any = None,
         default_sampling: SlotSampling = GREEDY,
+        cache_dtype: Any = None,
     ):
         self.model_config = model_config
         self.graphdef = graphdef
@@ -171,6 +174,9 @@ class FlexEngine(engine_api.Engine):
         self._mesh = mesh if mesh is not None else make_mesh(jax.devices()[:1], fsdp=1)
         self._params = params
         self.default_sampling = default_sampling
+        if cache_dtype is None:
+            cache_dtype = jax.tree.leaves(params)[0].dtype if params is not None else jnp.float32
+        self.cache_dtype = jnp.dtype(cache_dtype)
         self._replicated = NamedSharding(self._mesh, PartitionSpec())
         self._prefill_jit = jax.jit(self._prefill_impl)
         # Donating the decode state lets XLA update the KV cache in place.
@@ -335,7 +341,7 @@ class FlexEngine(engine_api.Engine):
         slots, vocab = self.max_concurrent_decodes, self.model_config.vocab_size
         zeros_i32 = jnp.zeros((slots,), jnp.int32)
         return DecodeState(
-            cache=functional.init_cache(self.model_config, slots, self.config.cache_length),
+            cache=functional.init_cache(self.model_config, slots, self.config.cache_length, self.cache_dtype),
             next_logits=jnp.zeros((slots, vocab), jnp.float32),
             positions=zeros_i32,
             generated=zeros_i32,
@@ -349,7 +355,7 @@ class FlexEngine(engine_api.Engine):
     def _prefill_impl(self, params, padded_tokens, true_lengths, temperature, top_k, top_p, seed) -> Prefix:
         rows, bucket = padded_tokens.shape
         mask = jnp.arange(bucket)[None, :] < true_lengths[:, None]
-        cache = functional.init_cache(self.model_config, rows, bucket)
+        cache = functional.init_cache(self.model_config, rows, bucket, self.cache_dtype)
         logits, cache = functional.prefill(self.graphdef, params, padded_tokens, mask, cache)
         next_logits = jnp.take_along_axis(logits, (true_lengths - 1)[:, None, None], axis=1)[:, 0]
         return Prefix(

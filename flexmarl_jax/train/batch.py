@@ -1,9 +1,11 @@
 """Micro-batches for the trainer: a fixed-shape pytree, its validation, and a builder from store rows.
 
-Every micro-batch of an agent has the same static shape ``[micro_batch_size, max_len]`` so the jitted
-gradient step compiles once. Rows shorter than ``max_len`` are right-padded; missing rows (the last
-micro-batch of an uneven iteration) are all-padding rows whose ``token_weights`` are zero, so they add
-exactly nothing to the accumulated gradient.
+A micro-batch has shape ``[micro_batch_size, L]``, L the smallest of the agent's length buckets (powers of two
+from 16, then ``max_len``; `length_buckets`) that holds its longest row: a micro-batch of short responses
+costs a short step, and the jitted gradient step compiles once per bucket, at most ~log2(max_len) times.
+Rows shorter than L are right-padded; missing rows (the last micro-batch of an uneven iteration) are
+all-padding rows whose ``token_weights`` are zero, so they add exactly nothing to the accumulated gradient.
+Padding changes no result: attention never looks at padded keys and padded targets weigh zero.
 
 Alignment: position ``t`` of every ``[batch, seq]`` array describes predicting ``targets[t]`` from
 ``tokens[:t+1]``; ``targets`` is ``tokens`` shifted left by one.
@@ -32,6 +34,23 @@ _FLOAT_FIELDS = (
     "returns",
 )
 ARRAY_FIELDS = _INT_FIELDS + _BOOL_FIELDS + _FLOAT_FIELDS
+SMALLEST_BUCKET = 16  # shorter buckets would save little and add compiles
+
+
+def length_buckets(max_len: int, smallest: int = SMALLEST_BUCKET) -> tuple[int, ...]:
+    """The sequence lengths micro-batches are padded to: powers of two from `smallest` below `max_len`, then
+    `max_len` itself (JetStream buckets prompts the same way)."""
+    buckets = []
+    length = smallest
+    while length < max_len:
+        buckets.append(length)
+        length *= 2
+    return (*buckets, max_len)
+
+
+def bucket_length(longest: int, max_len: int) -> int:
+    """The smallest length bucket of `max_len` that holds `longest` tokens (`longest` <= max_len)."""
+    return next(bucket for bucket in length_buckets(max_len) if bucket >= longest)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -79,7 +98,8 @@ jax.tree_util.register_dataclass(MicroBatch, data_fields=list(ARRAY_FIELDS), met
 
 
 def validate_micro_batch(batch: MicroBatch, *, agent: str, batch_size: int, max_len: int) -> None:
-    """Raises ValueError naming the offending field unless ``batch`` fits this agent's static shape.
+    """Raises ValueError naming the offending field unless ``batch`` fits this agent's static shapes:
+    ``[batch_size, L]`` in every field, L one of `length_buckets(max_len)`.
 
     Runs on the host before anything is traced or applied, so a bad batch never touches the accumulator.
     """
@@ -87,14 +107,17 @@ def validate_micro_batch(batch: MicroBatch, *, agent: str, batch_size: int, max_
         raise TypeError(f"expected a MicroBatch, got {type(batch).__name__}")
     if batch.agent != agent:
         raise ValueError(f"micro-batch belongs to agent {batch.agent!r}, but this trainer trains {agent!r}")
-    expected = (batch_size, max_len)
+    buckets = length_buckets(max_len)
+    tokens_shape = tuple(getattr(batch.tokens, "shape", ()))
+    length = tokens_shape[1] if len(tokens_shape) == 2 and tokens_shape[1] in buckets else max_len
     for name in ARRAY_FIELDS:
         value = getattr(batch, name)
         shape = tuple(getattr(value, "shape", ()))
-        if shape != expected:
+        if shape != (batch_size, length):
+            needs = f"({batch_size}, {max_len})" if len(buckets) == 1 else f"({batch_size}, L) with L in {buckets}"
             raise ValueError(
-                f"micro-batch field {name!r} has shape {shape}; agent {agent!r} needs {expected} "
-                "([micro_batch_size, max_len]); build it with build_micro_batch(...)"
+                f"micro-batch field {name!r} has shape {shape}; agent {agent!r} needs {needs} "
+                "(every field alike); build it with build_micro_batch(...)"
             )
         dtype = np.dtype(value.dtype if hasattr(value, "dtype") else np.asarray(value).dtype)
         if name in _INT_FIELDS:
@@ -119,12 +142,14 @@ def build_micro_batch(
     batch_size: int,
     max_len: int,
     pad_id: int = 0,
+    bucketed: bool = True,
     old_logprobs: Sequence[Sequence[float]] | None = None,
     ref_logprobs: Sequence[Sequence[float]] | None = None,
     old_values: Sequence[Sequence[float]] | None = None,
     returns: Sequence[Sequence[float]] | None = None,
 ) -> MicroBatch:
-    """Pads per-row lists (as stored in the experience store) into a static ``[batch_size, max_len]`` batch.
+    """Pads per-row lists (as stored in the experience store) into a ``[batch_size, L]`` batch: L is the
+    smallest length bucket holding the longest row (`bucket_length`), or ``max_len`` when not ``bucketed``.
 
     Per row: ``prompt_ids`` and ``response_ids`` are token lists; ``behaviour_logprobs`` (and the
     optional ``old_logprobs``/``ref_logprobs``/``old_values``/``returns``) have one value per response
@@ -149,7 +174,10 @@ def build_micro_batch(
     if num_rows == 0 or num_rows > batch_size:
         raise ValueError(f"a micro-batch needs 1..{batch_size} rows (batch_size), got {num_rows}")
 
-    shape = (batch_size, max_len)
+    # Inputs per row: every token but the last, which is only a target.
+    longest = max(len(prompt) + len(response) - 1 for prompt, response in zip(prompt_ids, response_ids, strict=True))
+    length = bucket_length(min(longest, max_len), max_len) if bucketed else max_len
+    shape = (batch_size, length)
     out = {name: np.zeros(shape, np.int32) for name in _INT_FIELDS}
     out.update({name: np.zeros(shape, np.bool_) for name in _BOOL_FIELDS})
     out.update({name: np.zeros(shape, np.float32) for name in _FLOAT_FIELDS})
@@ -213,6 +241,7 @@ def build_iteration(
     max_len: int,
     pad_id: int = 0,
     norm_length: int | None = None,
+    bucketed: bool = True,
     **per_token_columns,
 ) -> list[MicroBatch]:
     """All micro-batches of one agent's iteration, normalised over the whole iteration.
@@ -230,5 +259,5 @@ def build_iteration(
             agent=agent, prompt_ids=prompt_ids[rows], response_ids=response_ids[rows],
             behaviour_logprobs=behaviour_logprobs[rows], advantages=advantages[rows],
             normalizers=normalizers, aggregation=aggregation, batch_size=micro_batch_size,
-            max_len=max_len, pad_id=pad_id, **extra))
+            max_len=max_len, pad_id=pad_id, bucketed=bucketed, **extra))
     return batches

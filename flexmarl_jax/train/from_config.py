@@ -1,7 +1,7 @@
 """TrainerConfig for one agent from the run's typed config (`flexmarl_jax.config.RunConfig`).
 
-Reads only: train.{algorithm, learning_rate, micro_batch_size, max_staleness},
-rollout.{max_prompt_length, max_response_length} and agents.<name>.learning_rate.
+Reads only: train.{algorithm, learning_rate, micro_batch_size, max_staleness, remat},
+rollout.{max_prompt_length, max_response_length} and agents.<name>.{learning_rate, dtype, fp32_master_weights}.
 """
 
 from __future__ import annotations
@@ -20,12 +20,14 @@ DEFAULT_TIS_CAP = 2.0
 
 
 def trainer_config_for(config: RunConfig, agent: str, **loss_overrides) -> TrainerConfig:
-    """The TrainerConfig of ``agent``: its own learning rate (or train.learning_rate when -1), the
-    run's algorithm, static shape ``[micro_batch_size, max_prompt_length + max_response_length - 1]``,
-    and truncated IS switched on when ``max_staleness > 0``."""
+    """The TrainerConfig of ``agent``: its own learning rate (or train.learning_rate when -1), dtype and
+    master weights, the run's algorithm and remat, micro-batches of ``micro_batch_size`` rows and at most
+    ``max_prompt_length + max_response_length - 1`` tokens, and truncated IS switched on when
+    ``max_staleness > 0``."""
     if agent not in config.agents:
         raise ValueError(f"unknown agent {agent!r}; configured agents: {sorted(config.agents)}")
-    agent_lr = config.agents[agent].learning_rate
+    settings = config.agents[agent]
+    agent_lr = settings.learning_rate
     learning_rate = agent_lr if agent_lr > 0 else config.train.learning_rate
     if config.train.max_staleness > 0:
         loss_overrides.setdefault("tis_cap", DEFAULT_TIS_CAP)
@@ -34,4 +36,7 @@ def trainer_config_for(config: RunConfig, agent: str, **loss_overrides) -> Train
         max_len=config.rollout.max_prompt_length + config.rollout.max_response_length - 1,
         loss=loss_config_for(config.train.algorithm, **loss_overrides),
         optimizer=OptimizerConfig(learning_rate=learning_rate),
+        dtype=settings.dtype,
+        fp32_master_weights=settings.fp32_master_weights,
+        remat=config.train.remat,
     )

@@ -11,8 +11,14 @@ gradient *is* the full-batch gradient, and `apply` performs exactly the full-bat
 
 Parameters, optimizer state and the accumulator live sharded on the agent's training mesh (FSDP over
 "fsdp", tensor parallel over "tp", by the model's logical-axis rules); micro-batch rows are split over
-"fsdp". Every jitted step has explicit in/out shardings and static shapes ``[micro_batch_size, max_len]``
-so nothing recompiles between micro-batches.
+"fsdp". Every jitted step has explicit in/out shardings and static shapes ``[micro_batch_size, L]`` with L
+one of `TrainerConfig.length_buckets` (powers of two up to max_len): a micro-batch is padded to the smallest
+bucket that holds its longest row, so short micro-batches cost less and compiles stay one per bucket.
+
+Precision (`TrainerConfig.dtype`, `fp32_master_weights`): parameters and compute are float32 or bfloat16;
+gradients are accumulated in float32 either way. With bfloat16 and master weights the optimizer state and a
+float32 copy of the parameters are updated in float32 and the bfloat16 parameters are their cast; without,
+the update is computed in float32 and stored in bfloat16 (updates below bfloat16's resolution are lost).
 """
 
 from __future__ import annotations
@@ -30,7 +36,8 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec
 from flexmarl_jax.mesh.meshes import make_mesh
 from flexmarl_jax.models import functional
 from flexmarl_jax.models.config import ModelConfig
-from flexmarl_jax.train.batch import ARRAY_FIELDS, MicroBatch, validate_micro_batch
+from flexmarl_jax.models.dtypes import PARAM_DTYPES
+from flexmarl_jax.train.batch import ARRAY_FIELDS, MicroBatch, length_buckets, validate_micro_batch
 from flexmarl_jax.train.losses import LOSSES, LossConfig
 from flexmarl_jax.train.optim import OptimizerConfig, make_optimizer
 
@@ -42,7 +49,7 @@ class TrainerConfig:
     """Static settings of one agent's trainer."""
 
     micro_batch_size: int  # rows per micro-batch (the static batch dim of every step)
-    max_len: int  # static sequence length of every micro-batch (prompt + response - 1 fits in it)
+    max_len: int  # longest sequence of a micro-batch (prompt + response - 1 fits in it); the last length bucket
     loss: LossConfig = LossConfig()
     optimizer: OptimizerConfig = OptimizerConfig()
     # When the KL is on, compute reference log-probs inside the step from a frozen copy of the initial
@@ -55,11 +62,29 @@ class TrainerConfig:
     # Donating params saves one parameter copy at apply time, but invalidates arrays anyone else still
     # holds (e.g. a colocated rollout engine that received `trainer.params`), so it is opt-in.
     donate_params: bool = False
+    dtype: str = "float32"  # parameters and compute: a name in models/dtypes.PARAM_DTYPES
+    fp32_master_weights: bool = False  # bfloat16 only: the optimizer updates a float32 copy of the parameters
+    remat: bool = False  # recompute each decoder layer in the backward pass instead of keeping its activations
 
     def __post_init__(self):
         if self.micro_batch_size < 1 or self.max_len < 2:
             raise ValueError(f"micro_batch_size={self.micro_batch_size} must be >= 1 and "
                              f"max_len={self.max_len} >= 2")
+        if self.dtype not in PARAM_DTYPES:
+            raise ValueError(f"dtype={self.dtype!r} is not allowed; choose one of: {', '.join(PARAM_DTYPES)}")
+        if self.fp32_master_weights and self.dtype == "float32":
+            raise ValueError("fp32_master_weights=True needs dtype='bfloat16' (float32 parameters are their "
+                             "own master copy)")
+
+    @property
+    def length_buckets(self) -> tuple[int, ...]:
+        """Sequence lengths a micro-batch may have (one compile of each step per length)."""
+        return length_buckets(self.max_len)
+
+
+def _cast_like(tree, like):
+    """`tree` with every leaf cast to the dtype of the matching leaf of `like`."""
+    return jax.tree.map(lambda leaf, target: leaf.astype(target.dtype), tree, like)
 
 
 def _sum_tree(total, increment):
@@ -113,7 +138,7 @@ class _Steps:
         row_axis = "fsdp" if config.micro_batch_size % fsdp == 0 else None
         self.batch = NamedSharding(mesh, PartitionSpec(row_axis, None))
 
-        _, abstract_policy = functional.abstract_model(model_config)
+        _, abstract_policy = functional.abstract_model(model_config, dtype=jnp.dtype(config.dtype))
         policy_sh = functional.param_shardings(abstract_policy, mesh)
         self.policy = policy_sh
         self.trainable = {"policy": policy_sh}
@@ -123,8 +148,12 @@ class _Steps:
             self.trainable["critic"] = {"backbone": policy_sh, "head": head_sh}
             abstract_trainable["critic"] = {"backbone": abstract_policy, "head": self.abstract_value_head()}
         self.reference = policy_sh if self.has_reference else None
-
-        abstract_opt = jax.eval_shape(self.tx.init, abstract_trainable)
+        # The float32 copy the optimizer updates (None without master weights); sharded like the parameters.
+        self.master = self.trainable if config.fp32_master_weights else None
+        abstract_updated = abstract_trainable  # what the optimizer updates (its state has this dtype)
+        if config.fp32_master_weights:
+            abstract_updated = jax.tree.map(lambda s: jax.ShapeDtypeStruct(s.shape, jnp.float32), abstract_trainable)
+        abstract_opt = jax.eval_shape(self.tx.init, abstract_updated)
         self.opt = _shardings_like_params(abstract_opt, jax.tree.structure(abstract_trainable),
                                           self.trainable, self.replicated)
         abstract_ref = abstract_policy if self.has_reference else None
@@ -142,7 +171,8 @@ class _Steps:
 
     def token_logprobs(self, params, batch: MicroBatch) -> jax.Array:
         """[B, T] float32 log-prob of ``batch.targets`` under ``params``."""
-        logits = functional.forward(self.graphdef, params, batch.tokens, batch.positions, batch.attention_mask)
+        logits = functional.forward(self.graphdef, params, batch.tokens, batch.positions, batch.attention_mask,
+                                    remat=self.config.remat)
         return functional.token_logprobs(logits, batch.targets)
 
     def critic_values(self, critic, batch: MicroBatch) -> jax.Array:
@@ -154,7 +184,7 @@ class _Steps:
         state, so this is a regular linear value head.
         """
         logits = functional.forward(self.graphdef, critic["backbone"], batch.tokens, batch.positions,
-                                    batch.attention_mask)
+                                    batch.attention_mask, remat=self.config.remat)
         return logits.astype(jnp.float32) @ critic["head"]["kernel"] + critic["head"]["bias"]
 
     def loss_and_metrics(self, trainable, reference, batch: MicroBatch):
@@ -174,31 +204,47 @@ class _Steps:
         grads, metrics = jax.grad(self.loss_and_metrics, has_aux=True)(trainable, reference, batch)
         return {"grads": _sum_tree(accum["grads"], grads), "metrics": _sum_tree(accum["metrics"], metrics)}
 
-    def apply(self, trainable, opt_state, accum):
+    def apply(self, trainable, master, opt_state, accum):
+        """One optimizer step on the float32 gradient sum: on `master` (float32) when kept, then
+        `trainable` is its cast; else on `trainable` itself, computed in float32 and stored in its dtype."""
         grads = accum["grads"]
         grad_norm = jnp.sqrt(sum(jnp.sum(g * g) for g in jax.tree.leaves(grads)))
-        updates, opt_state = self.tx.update(grads, opt_state, trainable)
-        trainable = jax.tree.map(lambda p, u: (p + u).astype(p.dtype), trainable, updates)
-        return trainable, opt_state, self.zeros(trainable), dict(accum["metrics"], grad_norm=grad_norm)
+        updated = trainable if master is None else master
+        updates, new_opt_state = self.tx.update(grads, opt_state, updated)
+        # Float32 gradients promote bfloat16 moments; keep each state leaf's dtype so the step compiles once.
+        opt_state = _cast_like(new_opt_state, opt_state)
+        updated = jax.tree.map(lambda p, u: (p + u).astype(p.dtype), updated, updates)
+        if master is None:
+            trainable = updated
+        else:
+            master, trainable = updated, _cast_like(updated, trainable)
+        return trainable, master, opt_state, self.zeros(trainable), dict(accum["metrics"], grad_norm=grad_norm)
 
     def _jit_all(self) -> None:
         trainable, accum, opt = self.trainable, self.accum, self.opt
         self.copy_policy = jax.jit(lambda tree: jax.tree.map(jnp.copy, tree),
                                    in_shardings=(self.policy,), out_shardings=self.policy)
         self.init_opt = jax.jit(self.tx.init, in_shardings=(trainable,), out_shardings=opt)
+        self.to_float32 = jax.jit(lambda tree: jax.tree.map(lambda leaf: leaf.astype(jnp.float32), tree),
+                                  in_shardings=(trainable,), out_shardings=trainable)
         self.zeros_step = jax.jit(self.zeros, in_shardings=(trainable,), out_shardings=accum)
         self.accumulate_step = jax.jit(
             self.accumulate, in_shardings=(trainable, self.reference, accum, self.batch),
             out_shardings=accum, donate_argnums=(2,))
-        donate = (0, 1, 2) if self.config.donate_params else (1, 2)
-        self.apply_step = jax.jit(self.apply, in_shardings=(trainable, opt, accum),
-                                  out_shardings=(trainable, opt, accum, self.replicated),
+        donate = (0, 1, 2, 3) if self.config.donate_params else (1, 2, 3)
+        self.apply_step = jax.jit(self.apply, in_shardings=(trainable, self.master, opt, accum),
+                                  out_shardings=(trainable, self.master, opt, accum, self.replicated),
                                   donate_argnums=donate)
         self.logprobs_step = jax.jit(self.token_logprobs, in_shardings=(self.policy, self.batch),
                                      out_shardings=self.batch)
         if self.has_critic:
             self.values_step = jax.jit(self.critic_values, in_shardings=(trainable["critic"], self.batch),
                                        out_shardings=self.batch)
+
+
+def _cast_params(params, dtype):
+    """The parameters in `dtype` (the same arrays when they already are)."""
+    return jax.tree.map(lambda leaf: leaf if leaf.dtype == dtype else leaf.astype(dtype), params)
 
 
 @functools.lru_cache(maxsize=16)
@@ -225,8 +271,11 @@ class AgentTrainer:
         self.policy_version = 0
         self._pending_micro_batches = 0
 
+        dtype = jnp.dtype(config.dtype)
         if initial is None:
-            graphdef, policy = functional.init_params(model_config, seed=seed, mesh=self.mesh)
+            # With master weights, initialise in float32 so the master copy holds the exact initial values.
+            init_dtype = jnp.float32 if config.fp32_master_weights else dtype
+            graphdef, policy = functional.init_params(model_config, seed=seed, mesh=self.mesh, dtype=init_dtype)
         else:
             graphdef, policy = initial
         self.graphdef = graphdef
@@ -238,9 +287,13 @@ class AgentTrainer:
             head = jax.tree.map(lambda s: jnp.zeros(s.shape, s.dtype), steps.abstract_value_head())
             trainable["critic"] = {"backbone": steps.copy_policy(policy),
                                    "head": jax.device_put(head, steps.trainable["critic"]["head"])}
+        self._master = steps.to_float32(trainable) if config.fp32_master_weights else None
+        trainable["policy"] = _cast_params(trainable["policy"], dtype)
+        if steps.has_critic:
+            trainable["critic"]["backbone"] = _cast_params(trainable["critic"]["backbone"], dtype)
         self._trainable = trainable
-        self._reference = steps.copy_policy(policy) if steps.has_reference else None
-        self._opt_state = steps.init_opt(trainable)
+        self._reference = steps.copy_policy(trainable["policy"]) if steps.has_reference else None
+        self._opt_state = steps.init_opt(self._master if self._master is not None else trainable)
         self._accum = steps.zeros_step(trainable)
 
     # ------------------------------------------------------------------------------ public API
@@ -295,8 +348,8 @@ class AgentTrainer:
                                    "(pass allow_empty=True to only advance policy_version)")
             self.policy_version += 1
             return {}
-        self._trainable, self._opt_state, self._accum, metrics = self._steps.apply_step(
-            self._trainable, self._opt_state, self._accum)
+        self._trainable, self._master, self._opt_state, self._accum, metrics = self._steps.apply_step(
+            self._trainable, self._master, self._opt_state, self._accum)
         self.policy_version += 1
         self._pending_micro_batches = 0
         return {name: float(value) for name, value in jax.device_get(metrics).items()}
@@ -337,12 +390,15 @@ class AgentTrainer:
     # ------------------------------------------------------------------------- checkpoint state
 
     def checkpoint_state(self) -> dict:
-        """{"trainable", "opt_state"} pytrees to save; refuses while gradients are pending."""
+        """{"trainable", "opt_state"} pytrees to save (plus "master" with float32 master weights and
+        "reference" with a frozen reference); refuses while gradients are pending."""
         self._check_attached()
         if self._pending_micro_batches:
             raise RuntimeError(f"agent {self.agent!r}: {self._pending_micro_batches} micro-batches are "
                                "accumulated but not applied; checkpoint at an iteration boundary")
         state = {"trainable": self._trainable, "opt_state": self._opt_state}
+        if self._master is not None:
+            state["master"] = self._master
         if self._reference is not None:
             state["reference"] = self._reference
         return state
@@ -350,6 +406,8 @@ class AgentTrainer:
     def checkpoint_shardings(self) -> dict:
         """Target shardings of `checkpoint_state` on *this* trainer's mesh (for restore)."""
         shardings = {"trainable": self._steps.trainable, "opt_state": self._steps.opt}
+        if self._steps.master is not None:
+            shardings["master"] = self._steps.master
         if self._reference is not None:
             shardings["reference"] = self._steps.policy
         return shardings
@@ -358,6 +416,7 @@ class AgentTrainer:
         """Adopts restored pytrees (already placed with `checkpoint_shardings`) and the version."""
         self._trainable = state["trainable"]
         self._opt_state = state["opt_state"]
+        self._master = state.get("master")
         if self._reference is not None:
             self._reference = state["reference"]
         self.policy_version = int(policy_version)
@@ -370,16 +429,19 @@ class AgentTrainer:
     def swap_state(self) -> dict:
         """Hands over all of the trainer's state, mid-iteration too; the trainer then holds no arrays.
 
-        Returns {"trainable", "opt_state", "accum" (fp32 gradient and metric sums), "reference" (when a
-        frozen reference is kept), "pending_micro_batches", "policy_version"}. Call `load_swap_state`
+        Returns {"trainable", "opt_state", "accum" (fp32 gradient and metric sums), "master" (with float32
+        master weights), "reference" (when a frozen reference is kept), "pending_micro_batches",
+        "policy_version"}. Call `load_swap_state`
         before using the trainer again.
         """
         self._check_attached()
         state = {"trainable": self._trainable, "opt_state": self._opt_state, "accum": self._accum,
                  "pending_micro_batches": self._pending_micro_batches, "policy_version": self.policy_version}
+        if self._master is not None:
+            state["master"] = self._master
         if self._steps.has_reference:
             state["reference"] = self._reference
-        self._trainable = self._opt_state = self._accum = self._reference = None
+        self._trainable = self._opt_state = self._accum = self._reference = self._master = None
         self._detached = True
         return state
 
@@ -388,6 +450,8 @@ class AgentTrainer:
         steps = self._steps if mesh is None else _steps_for(self.graphdef, self.model_config, self.config, mesh)
         shardings = {"trainable": steps.trainable, "opt_state": steps.opt, "accum": steps.accum,
                      "pending_micro_batches": None, "policy_version": None}
+        if steps.master is not None:
+            shardings["master"] = steps.master
         if steps.has_reference:
             shardings["reference"] = steps.policy
         return shardings
@@ -399,6 +463,7 @@ class AgentTrainer:
             self._steps = _steps_for(self.graphdef, self.model_config, self.config, mesh)
         self._trainable, self._opt_state, self._accum = state["trainable"], state["opt_state"], state["accum"]
         self._reference = state.get("reference")
+        self._master = state.get("master")
         self._pending_micro_batches = int(state["pending_micro_batches"])
         self.policy_version = int(state["policy_version"])
         self._detached = False

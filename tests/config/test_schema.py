@@ -7,7 +7,7 @@ import sys
 
 import pytest
 
-from flexmarl_jax.config import ConfigError, RunConfig, TrainConfig, load_config
+from flexmarl_jax.config import ConfigError, RunConfig, TrainConfig, apply_overrides, load_config
 from flexmarl_jax.config.fields import walk_fields
 
 
@@ -57,6 +57,27 @@ def test_every_construction_checks_the_rules(tiny_config):
         dataclasses.replace(tiny_config, agents={
             **tiny_config.agents, "solver": dataclasses.replace(tiny_config.agents["solver"], temperature=0)})
     assert dataclasses.replace(tiny_config, workdir="elsewhere").workdir == "elsewhere"
+
+
+def test_agent_precision_and_decode_slots_rules(tiny_config):
+    def with_solver(**changes):
+        solver = dataclasses.replace(tiny_config.agents["solver"], **changes)
+        return dataclasses.replace(tiny_config, agents={**tiny_config.agents, "solver": solver})
+
+    assert with_solver(dtype="bfloat16", fp32_master_weights=True, decode_slots=4).agents["solver"].decode_slots == 4
+    with pytest.raises(ConfigError, match=r"^config.agents.solver.dtype='float16' is not allowed; choose one of: "
+                                          r"float32, bfloat16$"):
+        with_solver(dtype="float16")
+    with pytest.raises(ConfigError, match=r"^config.agents.solver.fp32_master_weights=True needs "
+                                          r"agents.solver.dtype='bfloat16'"):
+        with_solver(fp32_master_weights=True)
+    with pytest.raises(ConfigError, match=r"^config.agents.solver.decode_slots=-1 must be >= 0$"):
+        with_solver(decode_slots=-1)
+    overridden = apply_overrides(load_config(), {"train.remat": "true", "agents.verifier.dtype": "bfloat16",
+                                                 "agents.verifier.decode_slots": "8"})
+    typed = RunConfig.from_config(overridden)
+    assert typed.train.remat is True and typed.agents["verifier"].dtype == "bfloat16"
+    assert typed.agents["verifier"].decode_slots == 8
 
 
 def test_global_batch_size_follows_from_the_workflow(tiny_config):

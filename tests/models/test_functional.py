@@ -7,6 +7,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from flax import nnx
 
 from flexmarl_jax.models import functional as F
 from flexmarl_jax.models.presets import get_preset
@@ -167,3 +168,59 @@ def test_prefill_per_request_then_insert_into_slots_matches_batched_decode():
     )
     np.testing.assert_allclose(np.asarray(logits)[2], full[0, lengths[0]], atol=1e-4, rtol=0)
     np.testing.assert_allclose(np.asarray(logits)[0], full[1, lengths[1]], atol=1e-4, rtol=0)
+
+
+def _grad_step(graphdef, remat: bool):
+    """jit(grad) of the summed token log-probs of a full forward, with or without per-layer remat."""
+
+    def loss(params, tokens, positions, mask):
+        logits = F.forward(graphdef, params, tokens, positions, mask, remat=remat)
+        return jnp.sum(F.token_logprobs(logits, tokens))
+
+    return jax.jit(jax.value_and_grad(loss))
+
+
+def test_remat_keeps_loss_and_gradients_and_lowers_peak_memory():
+    config = dataclasses.replace(get_preset("tiny"), num_layers=4)
+    graphdef, params = F.init_params(config, seed=3)
+    rows, length = 8, 256  # attention dominates: each layer keeps [8, 4, 256, 256] float32 scores
+    rng = np.random.default_rng(0)
+    tokens = jnp.asarray(rng.integers(0, config.vocab_size, (rows, length)), jnp.int32)
+    positions = jnp.broadcast_to(jnp.arange(length, dtype=jnp.int32), (rows, length))
+    mask = jnp.asarray(np.arange(length)[None] < rng.integers(length // 2, length + 1, (rows, 1)))
+    results, temp_bytes = {}, {}
+    for remat in (False, True):
+        compiled = _grad_step(graphdef, remat).lower(params, tokens, positions, mask).compile()
+        temp_bytes[remat] = compiled.memory_analysis().temp_size_in_bytes
+        results[remat] = compiled(params, tokens, positions, mask)
+    (loss, grads), (remat_loss, remat_grads) = results[False], results[True]
+    np.testing.assert_allclose(float(remat_loss), float(loss), rtol=1e-6)
+    for plain, rematted in zip(jax.tree.leaves(grads), jax.tree.leaves(remat_grads), strict=True):
+        np.testing.assert_allclose(np.asarray(rematted), np.asarray(plain), rtol=1e-5, atol=1e-7)
+    # 4 layers' activations vs one layer's plus the layer inputs: measured 149 MiB -> 44 MiB.
+    assert temp_bytes[True] < 0.5 * temp_bytes[False], temp_bytes
+
+
+def test_remat_is_for_the_cache_free_forward():
+    graphdef, params = _model(QWEN3_LIKE)
+    model = nnx.merge(graphdef, params)
+    cache = F.init_cache(QWEN3_LIKE, 1, 4)
+    with pytest.raises(ValueError, match="remat is for the training forward pass"):
+        model(jnp.zeros((1, 4), jnp.int32), jnp.zeros((1, 4), jnp.int32), jnp.ones((1, 4, 4), bool), cache,
+              remat=True)
+
+
+def test_bfloat16_params_compute_in_bfloat16_with_float32_logits():
+    graphdef, params = F.init_params(QWEN3_LIKE, seed=1, dtype=jnp.bfloat16)
+    assert {leaf.dtype for leaf in jax.tree.leaves(params)} == {jnp.dtype(jnp.bfloat16)}
+    _, params32 = F.init_params(QWEN3_LIKE, seed=1)
+    tokens = jnp.arange(12, dtype=jnp.int32)[None] % QWEN3_LIKE.vocab_size
+    positions = jnp.arange(12, dtype=jnp.int32)[None]
+    mask = jnp.ones((1, 12), bool)
+    logits = forward(graphdef, params, tokens, positions, mask)
+    logits32 = forward(graphdef, params32, tokens, positions, mask)
+    assert logits.dtype == jnp.float32
+    # same weights rounded to bfloat16: log-probs agree to bfloat16 precision, not float32's
+    lp, lp32 = F.token_logprobs(logits, tokens), F.token_logprobs(logits32, tokens)
+    np.testing.assert_allclose(np.asarray(lp), np.asarray(lp32), atol=0.05)
+    assert float(jnp.max(jnp.abs(lp - lp32))) > 1e-6

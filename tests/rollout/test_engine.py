@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 import pytest
 from scipy import stats
@@ -195,3 +196,39 @@ def test_truncation_keeps_the_last_tokens_when_configured(engine, tiny_model, mo
     (result,) = RolloutLoop(engine, tiny_model.params).generate([RolloutRequest(long_prompt, max_new_tokens=3)])[0]
     assert result.prompt_ids == long_prompt[-32:]
     assert list(result.token_ids) == greedy_reference(tiny_model, result.prompt_ids, 3, -1)
+
+
+def test_bfloat16_params_give_a_bfloat16_cache_and_the_bfloat16_model_greedy_tokens(tiny_model):
+    from .conftest import TinyModel
+
+    params = jax.tree.map(lambda x: x.astype(jnp.bfloat16), tiny_model.params)
+    model = TinyModel(tiny_model.config, tiny_model.graphdef, params, tiny_model.tokenizer)
+    config = EngineConfig(max_concurrent_decodes=4, max_prefill_length=32, max_decode_length=12)
+    engine = FlexEngine(model.config, model.graphdef, config, model.tokenizer, params=params)
+    state = engine.init_decode_state()
+    assert engine.cache_dtype == jnp.bfloat16
+    assert state.cache["k"].dtype == state.cache["v"].dtype == jnp.bfloat16
+    assert state.cache["k"].nbytes == 2 * np.prod(state.cache["k"].shape)  # half a float32 cache
+    prompts = prompts_of_mixed_lengths(model.tokenizer, 4, seed=21)
+    results = RolloutLoop(engine, params).generate([RolloutRequest(p, max_new_tokens=12) for p in prompts])
+    for prompt, (result,) in zip(prompts, results, strict=True):
+        assert list(result.token_ids) == greedy_reference(model, prompt, 12, model.tokenizer.eos_id)
+
+
+def test_responses_of_over_a_thousand_tokens_compile_nothing_per_length(tiny_model):
+    """A 1100-token response cap: the cache holds prompt + 1100 positions, generate compiles once."""
+    config = EngineConfig(max_concurrent_decodes=2, max_prefill_length=16, max_decode_length=1100)
+    engine = FlexEngine(tiny_model.config, tiny_model.graphdef, config, tiny_model.tokenizer,
+                        params=tiny_model.params)
+    assert engine.init_decode_state().cache["k"].shape[2] == 16 + 1100
+    loop = RolloutLoop(engine, tiny_model.params)
+    prompts = prompts_of_mixed_lengths(tiny_model.tokenizer, 3, seed=4, max_chars=14)
+    lengths = (1100, 700, 1024)
+    requests = [RolloutRequest(p, max_new_tokens=n, ignore_eos=True, sampling=SlotSampling(temperature=1.0, seed=i))
+                for i, (p, n) in enumerate(zip(prompts, lengths, strict=True))]
+    results = loop.generate(requests)
+    for (result,), wanted in zip(results, lengths, strict=True):
+        assert len(result.token_ids) == wanted and result.finish_reason == "length"
+        assert np.all(np.isfinite(result.logprobs)) and np.all(np.asarray(result.logprobs) <= 0)
+    sizes = engine.compiled_cache_sizes()
+    assert sizes["generate"] == 1 and sizes["prefill"] <= len(config.prefill_buckets)

@@ -1,7 +1,14 @@
 import numpy as np
 import pytest
 
-from flexmarl_jax.train.batch import ARRAY_FIELDS, build_micro_batch, stack_rows, validate_micro_batch
+from flexmarl_jax.train.batch import (
+    ARRAY_FIELDS,
+    bucket_length,
+    build_micro_batch,
+    length_buckets,
+    stack_rows,
+    validate_micro_batch,
+)
 from flexmarl_jax.train.normalizers import IterationNormalizers
 
 
@@ -72,3 +79,37 @@ def test_build_rejects_bad_rows():
         _build(batch_size=1)
     with pytest.raises(ValueError, match="advantages has 1 rows but prompt_ids has 2"):
         _build(advantages=[1.0])
+
+
+def test_length_buckets_are_powers_of_two_ending_at_max_len():
+    assert length_buckets(6) == (6,)
+    assert length_buckets(16) == (16,)
+    assert length_buckets(100) == (16, 32, 64, 100)
+    assert length_buckets(1056) == (16, 32, 64, 128, 256, 512, 1024, 1056)
+    for max_len in (17, 100, 1024, 1056, 4097):
+        buckets = length_buckets(max_len)
+        assert len(buckets) <= 2 + (max_len // 16).bit_length() and buckets[-1] == max_len
+        for longest in range(1, max_len + 1, 7):
+            bucket = bucket_length(longest, max_len)
+            assert bucket >= longest and bucket in buckets
+            assert all(smaller < longest for smaller in buckets if smaller < bucket)  # the smallest that fits
+
+
+def test_build_pads_to_the_smallest_bucket_of_its_longest_row():
+    # rows of 3 + 2 and 2 + 3 tokens: 4 inputs each -> bucket 16 of max_len 40; the same rows unbucketed -> 40
+    b = _build(max_len=40)
+    assert b.shape == (4, 16)
+    validate_micro_batch(b, agent="solver", batch_size=4, max_len=40)
+    full = _build(max_len=40, bucketed=False)
+    assert full.shape == (4, 40)
+    for name in ARRAY_FIELDS:
+        np.testing.assert_array_equal(getattr(full, name)[:, :16], getattr(b, name), err_msg=name)
+        assert not np.any(getattr(full, name)[:, 16:]), name
+    long_row = _build(max_len=40, prompt_ids=[[1] * 20, [1, 7]], response_ids=[[10, 11], [12, 13, 14]])
+    assert long_row.shape == (4, 32)
+    with pytest.raises(ValueError, match=r"'tokens' has shape \(4, 12\); agent 'solver' needs \(4, L\) with L in "
+                                         r"\(16, 32, 40\)"):
+        validate_micro_batch(b.replace(**{n: getattr(b, n)[:, :12] for n in ARRAY_FIELDS}), agent="solver",
+                             batch_size=4, max_len=40)
+    with pytest.raises(ValueError, match=r"'targets' has shape \(4, 32\); agent 'solver' needs"):
+        validate_micro_batch(b.replace(targets=long_row.targets), agent="solver", batch_size=4, max_len=40)

@@ -8,7 +8,8 @@ import pytest
 
 from flexmarl_jax.mesh.meshes import make_mesh
 from flexmarl_jax.train.checkpoint import flatten_to_names, restore_all, restore_trainer, save_all, save_trainer
-from tests.train.conftest import make_trainer, random_rows, rel_err, run_iteration
+from flexmarl_jax.train.trainer import AgentTrainer, TrainerConfig
+from tests.train.conftest import ADAM, LOSS, MAX_LEN, make_trainer, random_rows, rel_err, run_iteration
 
 MICRO = 8
 
@@ -62,3 +63,34 @@ def test_every_agent_round_trips_and_mismatches_are_refused(tiny_model_config, i
         restore_trainer(make_trainer(other_model, None, MICRO, agent="a"), tmp_path / "a")
     with pytest.raises(FileNotFoundError, match="no checkpoint for policy_version=7"):
         restore_trainer(fresh["a"], tmp_path / "a", policy_version=7)
+
+
+def test_bfloat16_master_weights_round_trip_through_checkpoints_and_swaps(tiny_model_config, initial, tmp_path):
+    config = TrainerConfig(micro_batch_size=MICRO, max_len=MAX_LEN, loss=LOSS, optimizer=ADAM, dtype="bfloat16",
+                           fp32_master_weights=True)
+    trainer = AgentTrainer("solver", tiny_model_config, config, initial=initial)
+    run_iteration(trainer, random_rows(8, seed=5), MICRO)
+    trainer.apply()
+    save_trainer(trainer, tmp_path / "solver")
+    saved, _ = flatten_to_names(trainer.checkpoint_state())
+    assert any(key.startswith("master.") for key in saved)
+
+    fresh = AgentTrainer("solver", tiny_model_config, config, initial=initial)
+    assert restore_trainer(fresh, tmp_path / "solver") == 1
+    loaded, _ = flatten_to_names(fresh.checkpoint_state())
+    assert saved.keys() == loaded.keys()
+    for key in saved:
+        assert loaded[key].dtype == saved[key].dtype, key
+        np.testing.assert_array_equal(np.asarray(saved[key]), np.asarray(loaded[key]), err_msg=key)
+
+    # a swap to another device (shared training slices) carries the master copy along; one device keeps the
+    # bfloat16 sums in the same order, so both continue identically
+    mesh = make_mesh(jax.devices()[1:2], fsdp=1)
+    state = fresh.swap_state()
+    fresh.load_swap_state(jax.device_put(state, fresh.swap_shardings(mesh)), mesh=mesh)
+    rows = random_rows(8, seed=6)
+    for t in (trainer, fresh):
+        run_iteration(t, rows, MICRO)
+        t.apply()
+    assert fresh.params["embed"]["embedding"][...].sharding.mesh == mesh
+    assert rel_err(fresh.checkpoint_state()["master"], trainer.checkpoint_state()["master"]) < 1e-6

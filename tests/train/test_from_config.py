@@ -30,3 +30,12 @@ def test_algorithm_names_match_the_registry():
     from flexmarl_jax.train.algorithms import ALGORITHMS
 
     assert ALGORITHMS.names() == sorted(ALGORITHM_NAMES)
+
+
+def test_precision_and_remat_come_from_the_agent_and_train_sections(tiny_config):
+    verifier = dataclasses.replace(tiny_config.agents["verifier"], dtype="bfloat16", fp32_master_weights=True)
+    config = dataclasses.replace(tiny_config, agents={**tiny_config.agents, "verifier": verifier},
+                                 train=dataclasses.replace(tiny_config.train, remat=True))
+    solver, verifier = (trainer_config_for(config, name) for name in ("solver", "verifier"))
+    assert (solver.dtype, solver.fp32_master_weights, solver.remat) == ("float32", False, True)
+    assert (verifier.dtype, verifier.fp32_master_weights, verifier.remat) == ("bfloat16", True, True)

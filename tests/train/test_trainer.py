@@ -3,6 +3,7 @@
 import dataclasses
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 import pytest
 
@@ -10,10 +11,10 @@ from flexmarl_jax.mesh.meshes import make_mesh
 from flexmarl_jax.models import functional
 from flexmarl_jax.train.advantages import gae
 from flexmarl_jax.train.algorithms import loss_config_for
-from flexmarl_jax.train.batch import build_iteration
+from flexmarl_jax.train.batch import ARRAY_FIELDS, build_iteration
 from flexmarl_jax.train.optim import OptimizerConfig
 from flexmarl_jax.train.trainer import AgentTrainer, TrainerConfig
-from tests.train.conftest import FULL, LOSS, MAX_LEN, all_zero, make_trainer, random_rows, rel_err, run_iteration
+from tests.train.conftest import ADAM, FULL, LOSS, MAX_LEN, all_zero, make_trainer, random_rows, rel_err, run_iteration
 
 
 @pytest.mark.parametrize("agent,num_samples", [("solver", 29), ("verifier", 13)])
@@ -184,3 +185,119 @@ def test_stale_samples_get_truncated_importance_weights_in_the_step(tiny_model_c
     trainer.accumulate(stale)
     g_stale = jax.device_get(trainer.accumulated_gradients())
     assert rel_err(g_stale, jax.tree.map(lambda g: 2 * g, g_fresh)) < 1e-5
+
+
+# ------------------------------------------------------------------------------ real sizes
+
+
+def _leaves(tree) -> list[np.ndarray]:
+    return [np.asarray(leaf) for leaf in jax.device_get(jax.tree.leaves(tree))]
+
+
+def _fraction_changed(after, before) -> float:
+    changed = [np.ravel(np.asarray(a, np.float32) != np.asarray(b, np.float32))
+               for a, b in zip(_leaves(after), _leaves(before), strict=True)]
+    return float(np.mean(np.concatenate(changed)))
+
+
+def _rows_with_longest(longest: list[int], per_batch: int, seed: int) -> dict:
+    """Rows in micro-batches of `per_batch` whose longest row has prompt+response-1 = longest[i] tokens."""
+    rng = np.random.default_rng(seed)
+    rows = {"prompt_ids": [], "response_ids": [], "behaviour_logprobs": [], "advantages": []}
+    for target in longest:
+        for row in range(per_batch):
+            inputs = target if row == 0 else int(rng.integers(2, target + 1))
+            prompt = int(rng.integers(1, inputs))
+            response = inputs + 1 - prompt
+            rows["prompt_ids"].append([int(t) for t in rng.integers(3, 100, prompt)])
+            rows["response_ids"].append([int(t) for t in rng.integers(3, 100, response)])
+            rows["behaviour_logprobs"].append([float(x) for x in -4.6 + 0.1 * rng.normal(size=response)])
+            rows["advantages"].append(float(rng.normal()))
+    return rows
+
+
+def test_length_buckets_give_the_max_len_result_and_bound_the_compiles(tiny_model_config, initial):
+    micro, max_len = 4, 100
+    # a distinct optimizer eps keeps these compiled steps apart from other tests' (they are shared by config)
+    config = TrainerConfig(micro_batch_size=micro, max_len=max_len, loss=LOSS,
+                           optimizer=dataclasses.replace(ADAM, eps=2e-6))
+    assert config.length_buckets == (16, 32, 64, 100)
+    rows = _rows_with_longest([10, 30, 60, 95, 17], micro, seed=0)
+    results = {}
+    for bucketed in (True, False):
+        trainer = AgentTrainer("solver", tiny_model_config, config, initial=initial)
+        batches = build_iteration(agent="solver", aggregation=LOSS.aggregation, micro_batch_size=micro,
+                                  max_len=max_len, bucketed=bucketed, **rows)
+        assert [b.shape[1] for b in batches] == ([16, 32, 64, 100, 32] if bucketed else [100] * 5)
+        for batch in batches:
+            trainer.accumulate(batch)
+        grads = jax.device_get(trainer.accumulated_gradients())
+        results[bucketed] = (grads, trainer.apply(), trainer)
+    (grads, metrics, bucketed), (grads_full, metrics_full, padded) = results[True], results[False]
+    assert rel_err(grads, grads_full) < 1e-5
+    assert metrics["loss"] == pytest.approx(metrics_full["loss"], rel=1e-5, abs=1e-7)
+    assert metrics["num_tokens"] == metrics_full["num_tokens"]
+    assert rel_err(bucketed.params, padded.params) < 1e-6
+    # one compile per bucket, however many micro-batches of however many lengths follow
+    more = random_rows(24, seed=5, max_prompt=30, max_response=70)
+    for batch in build_iteration(agent="solver", aggregation=LOSS.aggregation, micro_batch_size=micro,
+                                 max_len=max_len, **more):
+        bucketed.accumulate(batch)
+    assert bucketed._steps.accumulate_step._cache_size() == len(config.length_buckets)
+    with pytest.raises(ValueError, match=r"needs \(4, L\) with L in \(16, 32, 64, 100\)"):
+        bucketed.accumulate(batches[0].replace(**{name: getattr(batches[0], name)[:, :12] for name in ARRAY_FIELDS}))
+
+
+def test_bfloat16_with_float32_master_weights(tiny_model_config, initial):
+    rows = random_rows(16, seed=1)
+    sgd = OptimizerConfig(name="sgd", learning_rate=1e-4, max_grad_norm=None)
+    trainers, before = {}, jax.device_get(initial[1])
+    for master in (False, True):
+        config = TrainerConfig(micro_batch_size=16, max_len=MAX_LEN, loss=LOSS, optimizer=sgd, dtype="bfloat16",
+                               fp32_master_weights=master)
+        trainer = trainers[master] = AgentTrainer("solver", tiny_model_config, config, initial=initial)
+        assert {leaf.dtype for leaf in _leaves(trainer.params)} == {np.dtype(jnp.bfloat16)}
+        for _ in range(3):
+            run_iteration(trainer, rows, 16)
+            assert {leaf.dtype for leaf in _leaves(trainer.accumulated_gradients())} == {np.dtype(np.float32)}
+            trainer.apply()
+        assert trainer._steps.apply_step._cache_size() == 1  # dtypes stay put from step to step
+    plain, mastered = trainers[False], trainers[True]
+    master = mastered.checkpoint_state()["master"]["policy"]
+    # the master copy starts at the exact float32 weights and the bfloat16 parameters are its cast
+    assert {leaf.dtype for leaf in _leaves(master)} == {np.dtype(np.float32)}
+    for cast, param in zip(_leaves(jax.tree.map(lambda x: x.astype(jnp.bfloat16), master)),
+                           _leaves(mastered.params), strict=True):
+        np.testing.assert_array_equal(cast, param)
+    # updates ~1e-4 of the weights are below bfloat16's resolution: lost without master weights, kept with
+    assert _fraction_changed(master, before) > 0.9
+    assert _fraction_changed(plain.params, jax.tree.map(lambda x: x.astype(jnp.bfloat16), before)) < 0.01
+    with pytest.raises(ValueError, match="fp32_master_weights=True needs dtype='bfloat16'"):
+        TrainerConfig(micro_batch_size=4, max_len=8, fp32_master_weights=True)
+
+
+def test_bfloat16_adam_tracks_float32_and_keeps_its_state_dtypes(tiny_model_config, initial):
+    rows = random_rows(16, seed=2)
+    losses = {}
+    for dtype in ("float32", "bfloat16"):
+        config = TrainerConfig(micro_batch_size=16, max_len=MAX_LEN, loss=LOSS, optimizer=ADAM, dtype=dtype)
+        trainer = AgentTrainer("solver", tiny_model_config, config, initial=initial)
+        state_dtypes = [leaf.dtype for leaf in _leaves(trainer.checkpoint_state()["opt_state"])]
+        losses[dtype] = []
+        for _ in range(2):
+            run_iteration(trainer, rows, 16)
+            losses[dtype].append(trainer.apply()["loss"])
+        assert [leaf.dtype for leaf in _leaves(trainer.checkpoint_state()["opt_state"])] == state_dtypes
+    assert np.dtype(jnp.bfloat16) in state_dtypes  # without master weights the moments are bfloat16 too
+    np.testing.assert_allclose(losses["bfloat16"], losses["float32"], rtol=0.05, atol=5e-3)
+
+
+def test_remat_trainer_gives_the_same_gradients(tiny_model_config, initial):
+    rows = random_rows(16, seed=4)
+    grads = {}
+    for remat in (False, True):
+        config = TrainerConfig(micro_batch_size=8, max_len=MAX_LEN, loss=LOSS, optimizer=ADAM, remat=remat)
+        trainer = AgentTrainer("solver", tiny_model_config, config, initial=initial)
+        run_iteration(trainer, rows, 8)
+        grads[remat] = trainer.accumulated_gradients()
+    assert rel_err(grads[True], grads[False]) < 1e-6
