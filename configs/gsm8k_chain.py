@@ -101,7 +101,7 @@ def _cpu_smoke(config: ml_collections.ConfigDict) -> None:
     config.workflow.queries_per_iteration = 4
     config.workflow.samples_per_query = 4
     config.rollout.decode_slots = 16
-    config.rollout.max_prompt_length = 192
+    config.rollout.max_prompt_length = 256  # the chat template, a question and a quoted 32-token response
     config.rollout.max_response_length = 32
     config.train.micro_batch_size = 8
     config.train.remat = False

@@ -68,13 +68,18 @@ CONFIG_FILES = sorted(path.name for path in pathlib.Path("configs").glob("*.py")
 
 @pytest.fixture
 def recipe_checkpoints(tmp_path, monkeypatch):
-    """configs/gsm8k_chain.py names real Qwen2.5 checkpoints under $FLEXMARL_CHECKPOINTS: stand synthetic ones
-    of the same architecture in for them."""
+    """configs/gsm8k_chain.py names real Qwen2.5 checkpoints under $FLEXMARL_CHECKPOINTS and GSM8K under
+    $FLEXMARL_DATA: stand synthetic checkpoints of the same architecture and the smoke file in for them."""
+    import shutil
+
     from flexmarl_jax.models.fixture_cache import synthetic_checkpoint
 
     for name, size in (("Qwen2.5-1.5B-Instruct", "small"), ("Qwen2.5-0.5B-Instruct", "smoke")):
         (tmp_path / name).symlink_to(synthetic_checkpoint("qwen2", size=size))
+    (tmp_path / "gsm8k").mkdir()
+    shutil.copy("configs/data/gsm8k_smoke.jsonl", tmp_path / "gsm8k" / "train.jsonl")
     monkeypatch.setenv("FLEXMARL_CHECKPOINTS", str(tmp_path))
+    monkeypatch.setenv("FLEXMARL_DATA", str(tmp_path))
 
 
 @pytest.mark.parametrize("name", CONFIG_FILES)
