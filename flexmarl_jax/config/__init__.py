@@ -8,13 +8,16 @@
 - `schema.py`: `RunConfig` and its sections (frozen dataclasses; every field has a default, a description
   and its rule), built by `RunConfig.from_config`; `fields.py`: the machinery; `workflow_checks.py`: the
   workflow section against the workflow and task registries;
-- `devices.py`: `devices_needed` / `check_devices` once the machine's device count is known.
+- `devices.py`: `devices_needed` / `check_devices` once the machine's device count is known;
+- `memory.py`: `estimate_agent_memory` / `check_team_fits`: each agent's peak memory from shapes, checked
+  against host RAM (CPU) or device memory before anything is allocated.
 """
 
 from flexmarl_jax.config.cli_flags import apply_overrides, parse_train_flags
 from flexmarl_jax.config.devices import check_devices, devices_needed
 from flexmarl_jax.config.errors import ConfigError
 from flexmarl_jax.config.loader import load_config
+from flexmarl_jax.config.memory import AgentMemory, check_team_fits, estimate_agent_memory
 from flexmarl_jax.config.schema import (
     AgentConfig,
     MeshConfig,
@@ -27,7 +30,7 @@ from flexmarl_jax.config.schema import (
 )
 
 __all__ = [
-    "AgentConfig", "ConfigError", "MeshConfig", "PipelineConfig", "RolloutConfig", "RunConfig", "StoreConfig",
-    "TrainConfig", "WorkflowConfig", "apply_overrides", "check_devices", "devices_needed", "load_config",
-    "parse_train_flags",
+    "AgentConfig", "AgentMemory", "ConfigError", "MeshConfig", "PipelineConfig", "RolloutConfig", "RunConfig",
+    "StoreConfig", "TrainConfig", "WorkflowConfig", "apply_overrides", "check_devices", "check_team_fits",
+    "devices_needed", "estimate_agent_memory", "load_config", "parse_train_flags",
 ]

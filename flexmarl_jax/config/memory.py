@@ -23,7 +23,7 @@ The estimate, for P parameters (`ModelConfig.num_params`), b bytes per element o
 
 h = hidden size, H / K = query / KV heads, d = head dim, m = MLP width, V = vocabulary. A frozen reference
 (KL on) adds P * b; a PPO critic doubles params, optimizer, grads and activations. This counts what a
-step holds at its peak, not XLA's exact buffer plan: within ~30% of XLA's own figure at small shapes
+step holds at its peak, not XLA's exact buffer plan: within 35% of XLA's own figure at small shapes
 (tests/config/test_memory.py), and the check leaves a margin.
 
 Where it must fit. On a CPU host the fake XLA devices share the host's RAM, so the whole team must fit in
