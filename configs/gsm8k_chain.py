@@ -4,7 +4,7 @@ verifier and corrector. docs/recipes.md says where to get the checkpoints and th
 Builds on configs/tiny.py (every knob not set here is explained there). The checkpoint and data paths are
 fields: `--config.agents.solver.model=/path/to/Qwen2.5-1.5B-Instruct`, `--config.workflow.task=/path/train.jsonl`.
 Variants (`--config=configs/gsm8k_chain.py:VARIANT`; several joined by commas, with those of configs/tiny.py):
-  tpu_v5e_8   one TPU VM host with 8 v5e chips: an engine chip per agent, two shared 2-chip training slices
+  tpu_v5e_8   one TPU VM host with 8 v5e chips: an engine chip per agent, one shared 4-chip training slice
   gpu_1       one 80 GB GPU: every agent's rollout and training colocated on it
   cpu_smoke   this CPU: synthetic checkpoints of the same shape family (made on first use, about 10 s) and a
               small GSM8K-format file, 2 iterations
@@ -62,16 +62,19 @@ def base_config() -> ml_collections.ConfigDict:
     config.train.learning_rate = 1e-6
     config.train.micro_batch_size = 16
     config.train.remat = True  # recompute each layer's activations in the backward pass: 2k-token rows fit
+    config.train.rows_per_pass = 1  # one row per pass: its float32 logits over 152k ids are 1.2 GiB already
 
     config.mesh.fake_cpu_devices = 8
     return config
 
 
 def _tpu_v5e_8(config: ml_collections.ConfigDict) -> None:
-    """8 chips: 3 engine chips (one per agent) + 2 training slices of 2 chips, taken by agents with work."""
+    """8 chips of 16 GiB: an engine chip per agent, and one 4-chip training slice that each agent takes while
+    it has micro-batches (agent-centric allocation): the solver's training state (~33 GiB with float32 master
+    weights and Adam moments) needs 4 chips, and it would sit idle most of an iteration as a dedicated mesh."""
     config.mesh.rollout_devices_per_instance = 1
-    config.mesh.train_devices_per_agent = 2
-    config.mesh.train_slices = 2
+    config.mesh.train_devices_per_agent = 4
+    config.mesh.train_slices = 1
     config.rollout.instances_per_agent = 1
 
 
@@ -105,6 +108,7 @@ def _cpu_smoke(config: ml_collections.ConfigDict) -> None:
     config.rollout.max_response_length = 32
     config.train.micro_batch_size = 8
     config.train.remat = False
+    config.train.rows_per_pass = 0
     config.iterations = 2
 
 

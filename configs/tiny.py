@@ -94,6 +94,7 @@ def base_config() -> ml_collections.ConfigDict:
     config.train.micro_batch_size = 32  # samples per gradient micro-batch; must divide the global batch
     config.train.max_staleness = 0  # 0 = strict on-policy; k > 0 lets rollout run k versions ahead
     config.train.remat = False  # rematerialise each decoder layer in training: less memory, ~1 more forward
+    config.train.rows_per_pass = 0  # rows of one forward+backward pass (divides micro_batch_size); 0 = all
 
     config.mesh = ml_collections.ConfigDict()
     config.mesh.fake_cpu_devices = 8  # on a CPU host, fake this many XLA devices (ignored on TPU/GPU)

@@ -10,7 +10,8 @@ The estimate, for P parameters (`ModelConfig.num_params`), b bytes per element o
     optimizer    P * 4 (master copy, fp32_master_weights)
                  + moments * P * (4 with master weights, else b)      Adam(W): 2 moments, SGD: none
     grads        P * 4 + P * b                           float32 accumulator + one micro-batch's gradient
-    activations  what the backward pass of one micro-batch of R rows x T tokens keeps, L layers:
+    activations  what the backward pass of one pass of R rows (train.rows_per_pass, else the micro-batch) x T
+                 tokens keeps, L layers:
                    per layer   R*T * (b * (4h + 2*H*d + 2*K*d + 3m) + H*T*(4 + b))
                                (layer input, norms, q/k/v, attention output, residual, MLP gate/up/product;
                                float32 scores and dtype softmax weights over T keys per query head)
@@ -140,7 +141,8 @@ def agent_memory(config: RunConfig, agent: str, model_config: ModelConfig) -> Ag
     length = rollout.max_prompt_length + rollout.max_response_length
     return estimate_agent_memory(
         model_config, dtype=settings.dtype, fp32_master_weights=settings.fp32_master_weights, optimizer="adamw",
-        train_rows=config.train.micro_batch_size, train_len=length, remat=config.train.remat,
+        train_rows=config.train.rows_per_pass or config.train.micro_batch_size, train_len=length,
+        remat=config.train.remat,
         decode_slots=settings.decode_slots or rollout.decode_slots, cache_length=length,
         instances=rollout.instances_per_agent, reference=loss.kl_coef > 0, critic=loss.needs_values)
 

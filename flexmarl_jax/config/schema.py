@@ -199,6 +199,9 @@ class TrainConfig(Section):
                                  help="0 = strict on-policy; k > 0 lets rollout run k versions ahead")
     remat: bool = setting(False, help="rematerialise each decoder layer in the training step: activation "
                           "memory of one layer instead of all, for about one more forward pass")
+    rows_per_pass: int = setting(0, rule=at_least_zero,
+                                 help="rows of one forward+backward pass; a micro-batch is trained in passes of this "
+                                 "many rows (peak activations follow it); 0 = the whole micro-batch")
 
 
 @_frozen
@@ -290,6 +293,9 @@ class RunConfig(Section):
             raise ConfigError(f"config.train.micro_batch_size={train.micro_batch_size} must divide "
                               f"train.global_batch_size={samples} (workflow.queries_per_iteration x "
                               "workflow.samples_per_query)")
+        if train.rows_per_pass and train.micro_batch_size % train.rows_per_pass:
+            raise ConfigError(f"config.train.rows_per_pass={train.rows_per_pass} must divide "
+                              f"train.micro_batch_size={train.micro_batch_size}")
         if train.micro_batch_size % self.workflow.samples_per_query:
             raise ConfigError(f"config.train.micro_batch_size={train.micro_batch_size} must be a multiple of the "
                               f"GRPO group size workflow.samples_per_query={self.workflow.samples_per_query}")

@@ -1,6 +1,6 @@
 """TrainerConfig for one agent from the run's typed config (`flexmarl_jax.config.RunConfig`).
 
-Reads only: train.{algorithm, learning_rate, micro_batch_size, max_staleness, remat},
+Reads only: train.{algorithm, learning_rate, micro_batch_size, rows_per_pass, max_staleness, remat},
 rollout.{max_prompt_length, max_response_length} and agents.<name>.{learning_rate, dtype, fp32_master_weights}.
 """
 
@@ -39,4 +39,5 @@ def trainer_config_for(config: RunConfig, agent: str, **loss_overrides) -> Train
         dtype=settings.dtype,
         fp32_master_weights=settings.fp32_master_weights,
         remat=config.train.remat,
+        rows_per_pass=config.train.rows_per_pass,
     )

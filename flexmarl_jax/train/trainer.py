@@ -65,16 +65,28 @@ class TrainerConfig:
     dtype: str = "float32"  # parameters and compute: a name in models/dtypes.PARAM_DTYPES
     fp32_master_weights: bool = False  # bfloat16 only: the optimizer updates a float32 copy of the parameters
     remat: bool = False  # recompute each decoder layer in the backward pass instead of keeping its activations
+    # Rows one forward+backward pass takes (0 = the whole micro-batch): a micro-batch is split into passes of
+    # this many rows whose gradients add up in the accumulator, so peak activation memory (the float32
+    # logits over a 150k vocabulary above all) follows this, not the micro-batch the pipeline claims.
+    rows_per_pass: int = 0
 
     def __post_init__(self):
         if self.micro_batch_size < 1 or self.max_len < 2:
             raise ValueError(f"micro_batch_size={self.micro_batch_size} must be >= 1 and "
                              f"max_len={self.max_len} >= 2")
+        if self.rows_per_pass < 0 or self.micro_batch_size % self.pass_rows:
+            raise ValueError(f"rows_per_pass={self.rows_per_pass} must divide micro_batch_size="
+                             f"{self.micro_batch_size} (0 = the whole micro-batch)")
         if self.dtype not in PARAM_DTYPES:
             raise ValueError(f"dtype={self.dtype!r} is not allowed; choose one of: {', '.join(PARAM_DTYPES)}")
         if self.fp32_master_weights and self.dtype == "float32":
             raise ValueError("fp32_master_weights=True needs dtype='bfloat16' (float32 parameters are their "
                              "own master copy)")
+
+    @property
+    def pass_rows(self) -> int:
+        """Rows of one forward+backward pass."""
+        return self.rows_per_pass or self.micro_batch_size
 
     @property
     def length_buckets(self) -> tuple[int, ...]:
@@ -135,7 +147,7 @@ class _Steps:
         self.replicated = NamedSharding(mesh, PartitionSpec())
         # Rows over "fsdp" (data parallel inside FSDP); replicate when the rows don't split evenly.
         fsdp = dict(mesh.shape).get("fsdp", 1)
-        row_axis = "fsdp" if config.micro_batch_size % fsdp == 0 else None
+        row_axis = "fsdp" if config.pass_rows % fsdp == 0 else None
         self.batch = NamedSharding(mesh, PartitionSpec(row_axis, None))
 
         _, abstract_policy = functional.abstract_model(model_config, dtype=jnp.dtype(config.dtype))
@@ -157,7 +169,7 @@ class _Steps:
         self.opt = _shardings_like_params(abstract_opt, jax.tree.structure(abstract_trainable),
                                           self.trainable, self.replicated)
         abstract_ref = abstract_policy if self.has_reference else None
-        batch = abstract_micro_batch(config.micro_batch_size, config.max_len)
+        batch = abstract_micro_batch(config.pass_rows, config.max_len)
         self.metric_names = sorted(jax.eval_shape(self.loss_and_metrics, abstract_trainable, abstract_ref,
                                                   batch)[1])
         self.accum = {"grads": self.trainable, "metrics": {n: self.replicated for n in self.metric_names}}
@@ -309,6 +321,17 @@ class AgentTrainer:
         """Micro-batches accumulated since the last `apply`."""
         return self._pending_micro_batches
 
+    def _place_passes(self, batch: MicroBatch) -> list[MicroBatch]:
+        """The micro-batch checked, then cut into passes of `pass_rows` rows placed on the mesh."""
+        rows = self.config.pass_rows
+        if rows == self.config.micro_batch_size:
+            return [self._place(batch)]
+        validate_micro_batch(batch, agent=self.agent, batch_size=self.config.micro_batch_size,
+                             max_len=self.config.max_len)
+        return [jax.device_put(batch.replace(agent="", **{name: getattr(batch, name)[start:start + rows]
+                                                          for name in ARRAY_FIELDS}), self._steps.batch)
+                for start in range(0, self.config.micro_batch_size, rows)]
+
     def _place(self, batch: MicroBatch) -> MicroBatch:
         validate_micro_batch(batch, agent=self.agent, batch_size=self.config.micro_batch_size,
                              max_len=self.config.max_len)
@@ -330,8 +353,8 @@ class AgentTrainer:
         Raises ValueError (before touching any state) for a batch of the wrong shape, dtype or agent.
         """
         self._check_attached()
-        placed = self._place(batch)
-        self._accum = self._steps.accumulate_step(self._trainable, self._reference, self._accum, placed)
+        for placed in self._place_passes(batch):
+            self._accum = self._steps.accumulate_step(self._trainable, self._reference, self._accum, placed)
         self._pending_micro_batches += 1
 
     def apply(self, *, allow_empty: bool = False) -> dict[str, float]:
@@ -369,7 +392,7 @@ class AgentTrainer:
         ``which="policy"`` uses the current parameters (the old-policy log-probs of this iteration),
         ``which="reference"`` the frozen reference (only when the KL is on).
         """
-        placed = self._place(batch)
+        passes = self._place_passes(batch)
         if which == "policy":
             params = self._trainable["policy"]
         elif which == "reference":
@@ -379,13 +402,14 @@ class AgentTrainer:
             params = self._reference
         else:
             raise ValueError(f"which={which!r}; allowed: 'policy', 'reference'")
-        return np.asarray(self._steps.logprobs_step(params, placed))
+        return np.concatenate([np.asarray(self._steps.logprobs_step(params, placed)) for placed in passes])
 
     def values(self, batch: MicroBatch) -> np.ndarray:
         """[micro_batch_size, max_len] float32 critic values (PPO only), for GAE before the iteration."""
         if "critic" not in self._trainable:
             raise ValueError(f"agent {self.agent!r} has no critic (loss {self.config.loss.name!r})")
-        return np.asarray(self._steps.values_step(self._trainable["critic"], self._place(batch)))
+        return np.concatenate([np.asarray(self._steps.values_step(self._trainable["critic"], placed))
+                               for placed in self._place_passes(batch)])
 
     # ------------------------------------------------------------------------- checkpoint state
 

@@ -301,3 +301,26 @@ def test_remat_trainer_gives_the_same_gradients(tiny_model_config, initial):
         run_iteration(trainer, rows, 8)
         grads[remat] = trainer.accumulated_gradients()
     assert rel_err(grads[True], grads[False]) < 1e-6
+
+
+def test_passes_of_fewer_rows_give_the_micro_batch_gradient(tiny_model_config, initial):
+    """rows_per_pass cuts each micro-batch into passes whose gradients add up to the whole micro-batch's, and
+    the log-probs come back whole; a pass size that does not divide the micro-batch is refused."""
+    rows = random_rows(29, seed=7)
+    results = {}
+    for rows_per_pass in (0, 2, 8):
+        config = TrainerConfig(micro_batch_size=8, max_len=MAX_LEN, loss=LOSS, optimizer=ADAM,
+                               rows_per_pass=rows_per_pass)
+        trainer = AgentTrainer("solver", tiny_model_config, config, initial=initial)
+        batches = build_iteration(agent="solver", aggregation=LOSS.aggregation, micro_batch_size=8, max_len=MAX_LEN,
+                                  **rows)
+        logprobs = trainer.logprobs(batches[0])
+        for batch in batches:
+            trainer.accumulate(batch)
+        results[rows_per_pass] = (trainer.accumulated_gradients(), logprobs, trainer.pending_micro_batches)
+    for rows_per_pass in (2, 8):
+        grads, logprobs, pending = results[rows_per_pass]
+        assert rel_err(grads, results[0][0]) < 1e-6 and pending == results[0][2] == 4
+        assert logprobs.shape == results[0][1].shape and np.allclose(logprobs, results[0][1], atol=1e-6)
+    with pytest.raises(ValueError, match="rows_per_pass=3 must divide micro_batch_size=8"):
+        TrainerConfig(micro_batch_size=8, max_len=MAX_LEN, rows_per_pass=3)
