@@ -222,7 +222,8 @@ def test_force_replaces_a_non_empty_directory(preset_run, tmp_path, capsys):
 
 def test_bfloat16_agent_exports_its_bfloat16_weights_bit_for_bit(tmp_path, capsys):
     graphdef, params = functional.init_params(get_preset("tiny"), seed=5, dtype=jnp.bfloat16)
-    solver = AgentTrainer("solver", get_preset("tiny"), TRAINER, initial=(graphdef, params))
+    solver = AgentTrainer("solver", get_preset("tiny"), dataclasses.replace(TRAINER, dtype="bfloat16"),
+                          initial=(graphdef, params))
     _write_workdir(tmp_path / "run", {"solver": solver}, {})
     code, stdout, _ = _export(capsys, tmp_path / "run", "--agent", "solver", "--out", tmp_path / "out")
     assert code == 0 and "bfloat16)" in stdout
