@@ -109,8 +109,9 @@ def test_variants_combine():
     # Switching workflows keeps chain's sections: one line says what the new workflow takes and where to start.
     ({"workflow.name": "debate"},
      "config.workflow.name='debate' does not take config.workflow options ['corrector_runs'] and shaping_weights "
-     "['corrector_fix', 'solver_correct', 'verifier_judgement']; it takes options aggregate, debaters, judge, "
-     "max_field_chars, rounds, team_weight, templates and shaping weights debater_correct; a workflow's options, "
+     "['corrector_fix', 'solver_correct', 'verifier_judgement']; it takes options aggregate, chat, debaters, judge, "
+     "max_field_chars, max_field_tokens, rounds, system_prompts, team_weight, templates and shaping weights "
+     "debater_correct; a workflow's options, "
      "roles, agents and shaping weights go together: start from --config=configs/debate.py"),
     ({"workflow.name": "tree"},
      "config.workflow.name='tree' is not allowed; choose one of: chain, dag, debate, mixture"),
