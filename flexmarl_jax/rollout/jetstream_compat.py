@@ -14,6 +14,10 @@ Two fixes are applied, both before/around JetStream's own imports:
   logger, so we put back the level and the handler list that were there
   before the import.
 
+Where JetStream cannot be imported (a machine without it or without TensorFlow), `engine_api`,
+`tokenizer_api` and `tokenizer_pb2` are `engine_api_fallback` (plain base classes with JetStream's field
+names), `orchestrator`, `jetstream_pb2` and `token_utils` are None, and `JETSTREAM_AVAILABLE` is False.
+
 TensorFlow (pulled in by seqio) also writes C++ INFO lines to stderr at import
 ("Could not find cuda drivers", absl's pre-initialisation notice) whatever
 TF_CPP_MIN_LOG_LEVEL says. The import runs with the process's stderr file
@@ -69,6 +73,18 @@ try:
         from jetstream.core import orchestrator  # noqa: E402  (must follow the tree_map fix)
         from jetstream.core.proto import jetstream_pb2  # noqa: E402
         from jetstream.engine import engine_api, token_utils, tokenizer_api, tokenizer_pb2  # noqa: E402
+    JETSTREAM_AVAILABLE = True
+    JETSTREAM_IMPORT_ERROR: Exception | None = None
+except ImportError as error:
+    # No JetStream (or no TensorFlow under it): the engine and the in-process loop still work on plain base
+    # classes; only the Driver path (orchestrator, jetstream_pb2, token_utils) is unavailable.
+    from flexmarl_jax.rollout import engine_api_fallback as engine_api  # noqa: E402
+
+    tokenizer_api = tokenizer_pb2 = engine_api  # the fallback module holds the names of all three
+    orchestrator = jetstream_pb2 = token_utils = None
+    JETSTREAM_AVAILABLE = False
+    JETSTREAM_IMPORT_ERROR = error
+    logging.getLogger(__name__).info("JetStream not importable (%s); FlexEngine uses plain base classes", error)
 finally:
     _root_logger.setLevel(_root_level_before)
     for _handler in list(_root_logger.handlers):
@@ -76,6 +92,8 @@ finally:
             _root_logger.removeHandler(_handler)
 
 __all__ = [
+    "JETSTREAM_AVAILABLE",
+    "JETSTREAM_IMPORT_ERROR",
     "engine_api",
     "jetstream_pb2",
     "orchestrator",

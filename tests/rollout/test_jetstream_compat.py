@@ -1,5 +1,6 @@
 """Importing JetStream (and with it TensorFlow) leaves the process quiet and the root logger as it was."""
 
+import json
 import os
 import subprocess
 import sys
@@ -35,3 +36,56 @@ def test_the_import_writes_nothing_unless_verbosity_asks_for_info():
     # With INFO asked for, nothing is diverted: TensorFlow's CPU build prints its CUDA notice again.
     assert verbose.stdout.strip() == "imported"
     assert "cudart_stub" in verbose.stderr
+
+
+# Samples a few sequences with the in-process loop and prints them; run with and without JetStream importable.
+ROLLOUT_AND_REPORT = """
+import importlib.abc, json, sys
+if {block}:
+    class _NoJetStream(importlib.abc.MetaPathFinder):
+        def find_spec(self, name, path=None, target=None):
+            if name == "jetstream" or name.startswith("jetstream."):
+                raise ImportError(f"No module named {{name!r}} (blocked by the test)")
+            return None
+    sys.meta_path.insert(0, _NoJetStream())
+from flexmarl_jax.models import functional
+from flexmarl_jax.models.presets import get_preset
+from flexmarl_jax.models.tokenizer import CharTokenizer
+from flexmarl_jax.rollout import jetstream_compat
+from flexmarl_jax.rollout.engine import FlexEngine, SlotSampling
+from flexmarl_jax.rollout.loop import RolloutLoop, RolloutRequest
+from flexmarl_jax.rollout.settings import EngineConfig
+config = get_preset("tiny")
+graphdef, params = functional.init_params(config, seed=0)
+engine = FlexEngine(config, graphdef, EngineConfig(max_concurrent_decodes=4, max_prefill_length=16,
+                                                   max_decode_length=12), CharTokenizer())
+requests = [RolloutRequest(tuple(CharTokenizer().encode(text)), num_samples=2, max_new_tokens=12, ignore_eos=True,
+                           sampling=SlotSampling(temperature=temperature, seed=7))
+            for text, temperature in (("1+2=", 0.0), ("abc", 1.0), ("x*y", 0.7))]
+results = RolloutLoop(engine, params).generate(requests)
+print(json.dumps({{"jetstream": jetstream_compat.JETSTREAM_AVAILABLE,
+                  "engine_base": type(engine).__mro__[1].__module__,
+                  "jetstream_loaded": "jetstream" in sys.modules,
+                  "sequences": [[list(r.token_ids), list(r.logprobs)] for rs in results for r in rs]}}))
+"""
+
+
+def _rollout(block_jetstream: bool) -> dict:
+    code = ROLLOUT_AND_REPORT.format(block=block_jetstream)
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=180)
+    assert done.returncode == 0, done.stderr
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+@pytest.mark.timeout(400)
+def test_the_engine_runs_the_same_without_jetstream():
+    """Where JetStream cannot be imported the engine falls back to plain base classes and samples exactly the
+    tokens and log-probs it samples on JetStream's (greedy and temperature rows, 2 samples per prompt)."""
+    without = _rollout(block_jetstream=True)
+    assert without["jetstream"] is False and not without["jetstream_loaded"]
+    assert without["engine_base"] == "flexmarl_jax.rollout.engine_api_fallback"
+    with_jetstream = _rollout(block_jetstream=False)
+    assert with_jetstream["jetstream"] is True
+    assert with_jetstream["engine_base"].startswith("jetstream.")
+    assert len(without["sequences"]) == 6 and all(len(tokens) == 12 for tokens, _ in without["sequences"])
+    assert without["sequences"] == with_jetstream["sequences"]
