@@ -63,6 +63,7 @@ class TrainerConfig:
     old_logprobs_in_step: bool = True
     # How the agent's rollouts sample: the engine records behaviour log-probs of this distribution
     # (models/sampling_distribution.py), so the truncated IS weight evaluates the old policy under it too.
+    # A top-k or top-p filter sorts the vocabulary at every trained position (with truncated IS only).
     sampling_temperature: float = 1.0
     sampling_top_k: int = 0  # 0 = no top-k filter
     sampling_top_p: float = 1.0
