@@ -88,11 +88,12 @@ def base_config() -> ml_collections.ConfigDict:
     config.rollout.max_retries = 2  # re-queues of a timed-out request before it is reported failed
 
     config.train = ml_collections.ConfigDict()
-    config.train.algorithm = "grpo"  # grpo | drgrpo | dapo | ppo
+    config.train.algorithm = "grpo"  # grpo | drgrpo | dapo | ppo (GAE with a critic per agent)
     config.train.learning_rate = 3e-3  # default optimizer learning rate of every agent
     # The global batch, samples per agent per iteration, is workflow.queries_per_iteration x samples_per_query.
     config.train.micro_batch_size = 32  # samples per gradient micro-batch; must divide the global batch
     config.train.max_staleness = 0  # 0 = strict on-policy; k > 0 lets rollout run k versions ahead
+    config.train.tis_cap = 2.0  # max_staleness > 0: cap (>= 1) of each token's importance weight pi_old / pi_behaviour
     config.train.remat = False  # rematerialise each decoder layer in training: less memory, ~1 more forward
     config.train.rows_per_pass = 0  # rows of one forward+backward pass (divides micro_batch_size); 0 = all
 
@@ -115,6 +116,9 @@ def base_config() -> ml_collections.ConfigDict:
     config.pipeline.balance_cooldown_s = 1.0  # a moved instance stays with its new agent at least this long
     config.pipeline.balance_poll_s = 0.02  # how often the balancer polls queue lengths
     config.pipeline.debug_invariants = False  # check consistency invariants at run time (slower)
+    # Train after each rollout with micro-batches cut in group-id order: two runs with one seed end with
+    # bit-identical parameters. Needs train.max_staleness=0; False keeps training overlapped with rollout.
+    config.pipeline.deterministic = False
 
     return config
 

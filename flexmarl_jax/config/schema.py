@@ -197,6 +197,10 @@ class TrainConfig(Section):
                                     "global batch and is a multiple of workflow.samples_per_query")
     max_staleness: int = setting(0, rule=at_least_zero,
                                  help="0 = strict on-policy; k > 0 lets rollout run k versions ahead")
+    tis_cap: float = setting(2.0, rule=lambda cap: None if cap >= 1 else "must be >= 1 (a weight cap below 1 "
+                             "would down-weight on-policy tokens)",
+                             help="max_staleness > 0: cap of the truncated importance weight pi_old / "
+                             "pi_behaviour of each trained token")
     remat: bool = setting(False, help="rematerialise each decoder layer in the training step: activation "
                           "memory of one layer instead of all, for about one more forward pass")
     rows_per_pass: int = setting(0, rule=at_least_zero,
@@ -249,6 +253,9 @@ class PipelineConfig(Section):
                                         help="a moved instance stays with its new agent at least this long")
     balance_poll_s: float = setting(0.02, rule=above_zero, help="how often the balancer polls queue lengths")
     debug_invariants: bool = setting(False, help="check consistency invariants at run time (slower)")
+    deterministic: bool = setting(False, help="train after each rollout, cutting micro-batches in group-id order, "
+                                  "so two runs with one seed end with bit-identical parameters (no overlap of "
+                                  "training with rollout)")
 
 
 @_frozen
@@ -299,6 +306,10 @@ class RunConfig(Section):
         if train.micro_batch_size % self.workflow.samples_per_query:
             raise ConfigError(f"config.train.micro_batch_size={train.micro_batch_size} must be a multiple of the "
                               f"GRPO group size workflow.samples_per_query={self.workflow.samples_per_query}")
+        if self.pipeline.deterministic and train.max_staleness:
+            raise ConfigError(f"config.pipeline.deterministic=True needs train.max_staleness=0, got "
+                              f"{train.max_staleness}: a rollout that overlaps training samples on whichever weights "
+                              "have reached it by then")
         if not 0 <= self.mesh.train_slices <= len(self.agents):
             raise ConfigError(f"config.mesh.train_slices={self.mesh.train_slices} must be in 0..{len(self.agents)} "
                               "(the number of agents; 0 = a dedicated training slice per agent)")

@@ -107,9 +107,9 @@ def sampling_for(config: RunConfig, agent: str) -> SamplingParams:
 
 
 def agent_trainer_config(config: RunConfig, agent: str) -> TrainerConfig:
-    """``agent``'s TrainerConfig in a run: without truncated importance sampling, also with max_staleness >
-    0, and padded to prompt + response tokens (one more than the loss needs)."""
-    return dataclasses.replace(trainer_config_for(config, agent, tis_cap=None),
+    """``agent``'s TrainerConfig in a run (`train.from_config.trainer_config_for`: truncated IS when
+    max_staleness > 0), padded to prompt + response tokens (one more than the loss needs)."""
+    return dataclasses.replace(trainer_config_for(config, agent),
                                max_len=config.rollout.max_prompt_length + config.rollout.max_response_length)
 
 

@@ -3,22 +3,24 @@
 The loss normaliser of an agent's iteration is fixed before any micro-batch is dispatched (an upper
 bound on the agent's rows and tokens that the config determines), and GRPO group statistics only need the
 rows of one group (the sink writes each group's advantages when its last reward arrives; a claim holds
-whole groups) — so the accumulated gradient does not depend on how the iteration was cut into
-micro-batches or in which order they arrived.
+whole groups), and PPO's GAE only a row's own reward and the critic, which changes only at the update — so the
+accumulated gradient does not depend on how the iteration was cut into micro-batches or in which order they
+arrived, up to float rounding: the sums' order is the arrival order, unless `pipeline.deterministic` fixes it.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import threading
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 
 import jax
 import numpy as np
 
 from flexmarl_jax.metrics import Timeline
 from flexmarl_jax.store import ClaimedRows, ExperienceStore
-from flexmarl_jax.train.batch import build_micro_batch
+from flexmarl_jax.train.advantages import gae_from_rewards
+from flexmarl_jax.train.batch import MicroBatch, build_micro_batch
 from flexmarl_jax.train.normalizers import IterationNormalizers
 from flexmarl_jax.train.trainer import AgentTrainer
 
@@ -42,13 +44,16 @@ class AgentDispatcher:
     """Claims an agent's complete groups from the store and accumulates their gradients.
 
     `drain(rollout_done)` keeps claiming full micro-batches while rollout runs (the asynchronous pipeline)
-    and, once `rollout_done` is set, the remaining groups as a last partial micro-batch.
+    and, once `rollout_done` is set, the remaining groups as a last partial micro-batch. An `ordered`
+    dispatcher waits for the rollout, then cuts every row into micro-batches in group-id order.
+    With PPO each micro-batch gets its GAE advantages from the critic before its gradient step.
     """
 
     def __init__(self, agent: str, trainer: AgentTrainer, store: ExperienceStore, *, micro_batch_size: int,
                  normalizers: IterationNormalizers, aggregation: str, pad_id: int,
                  max_staleness: int, variable_groups: bool, timeline: Timeline, resource: str,
-                 on_trained: Callable[[list[str], str, Mapping[str, int]], None] | None = None):
+                 on_trained: Callable[[list[str], str, Mapping[str, int]], None] | None = None,
+                 ordered: bool = False):
         # The trainer's activate() holds training devices and release() frees them whenever the agent has
         # nothing claimable: no-ops for a dedicated trainer; a shared slice for agent-centric allocation.
         self.agent, self.trainer, self.store = agent, trainer, store
@@ -59,43 +64,90 @@ class AgentDispatcher:
         self.variable_groups = variable_groups
         self.timeline, self.resource = timeline, resource
         self.on_trained = on_trained
+        # `pipeline.deterministic`: train after the rollout, micro-batches cut in group-id order.
+        self.ordered = ordered
         self.claimed: list[ClaimedRows] = []
 
-    def _to_micro_batch(self, rows: ClaimedRows):
-        rewards = np.asarray(rows.columns["reward"], np.float32)
-        advantages = np.asarray(rows.columns["advantage"], np.float32)
-        keep = [i for i, response in enumerate(rows.columns["response_tokens"]) if len(response) > 0]
-        pick = lambda column: [rows.columns[column][i] for i in keep]  # noqa: E731
-        return build_micro_batch(
+    def _to_micro_batch(self, columns: Mapping[str, list]):
+        """The micro-batch of some rows (CLAIM_COLUMNS -> one value per row; rows with an empty response are
+        left out) and the rewards of the rows it holds."""
+        keep = [i for i, response in enumerate(columns["response_tokens"]) if len(response) > 0]
+        pick = lambda column: [columns[column][i] for i in keep]  # noqa: E731
+        batch = build_micro_batch(
             agent=self.agent, prompt_ids=pick("prompt_tokens"), response_ids=pick("response_tokens"),
-            behaviour_logprobs=pick("behaviour_logprobs"), advantages=[float(advantages[i]) for i in keep],
+            behaviour_logprobs=pick("behaviour_logprobs"), advantages=[float(a) for a in pick("advantage")],
             normalizers=self.normalizers, aggregation=self.aggregation,
             batch_size=self.micro_batch_size, max_len=self.trainer.config.max_len, pad_id=self.pad_id,
-        ), rewards
+        )
+        return batch, np.asarray(pick("reward"), np.float32)
 
-    def train_claimed(self, rows: ClaimedRows, current_versions: Mapping[str, int], stats: DispatchStats) -> None:
+    def _with_gae(self, batch: MicroBatch, rewards: np.ndarray) -> MicroBatch:
+        """PPO: the batch with GAE advantages and returns from its rows' rewards (on each row's last response
+        token) and the critic's values. The critic changes only when the iteration's update is applied, so these
+        are the values of the iteration's start, as if computed for every row before the first micro-batch."""
+        loss = self.trainer.config.loss
+        values = self.trainer.values(batch)
+        advantages, returns = gae_from_rewards(rewards, values, batch.loss_mask, gamma=loss.gamma,
+                                               lam=loss.gae_lambda)
+        return batch.replace(advantages=advantages, returns=returns,
+                             old_values=np.where(batch.loss_mask, values, 0.0).astype(np.float32))
+
+    def _train_rows(self, sample_ids: Sequence[str], columns: Mapping[str, list],
+                    current_versions: Mapping[str, int], stats: DispatchStats) -> None:
+        """Accumulates the gradient of one micro-batch of rows (columns: CLAIM_COLUMNS -> one value per row)."""
         if self.on_trained is not None:
-            self.on_trained(list(rows.sample_ids), self.agent, current_versions)
-        batch, rewards = self._to_micro_batch(rows)
+            self.on_trained(list(sample_ids), self.agent, current_versions)
+        batch, kept_rewards = self._to_micro_batch(columns)
         self.trainer.activate()  # may wait for a free slice: not training time
         with self.timeline.busy(self.resource, "train", agent=self.agent):
+            if self.trainer.config.loss.needs_values:
+                batch = self._with_gae(batch, kept_rewards)
             self.trainer.accumulate(batch)
             jax.block_until_ready(self.trainer.accumulated_gradients())  # the interval is compute, not dispatch
-        self.claimed.append(rows)
         stats.micro_batches += 1
-        stats.rows += len(rows)
-        stats.rewards.extend(rewards.tolist())
-        for logprobs in rows.columns["behaviour_logprobs"]:
+        stats.rows += len(sample_ids)
+        stats.rewards.extend(float(reward) for reward in columns["reward"])
+        for logprobs in columns["behaviour_logprobs"]:
             stats.neg_logprob_sum -= float(np.sum(logprobs))
             stats.tokens += len(logprobs)
 
+    def train_claimed(self, rows: ClaimedRows, current_versions: Mapping[str, int], stats: DispatchStats) -> None:
+        """Trains one claim as one micro-batch."""
+        self._train_rows(rows.sample_ids, rows.columns, current_versions, stats)
+        self.claimed.append(rows)
+
     def drain(self, current_versions: Mapping[str, int], rollout_done: threading.Event, stats: DispatchStats,
               *, iteration_start: float, poll_s: float = 5.0) -> None:
-        """Claims and trains until rollout is done and nothing claimable is left."""
+        """Claims and trains until rollout is done and nothing claimable is left (in order: see `ordered`)."""
         try:
-            self._drain(current_versions, rollout_done, stats, iteration_start=iteration_start, poll_s=poll_s)
+            if self.ordered:
+                self._drain_in_order(current_versions, rollout_done, stats, iteration_start=iteration_start)
+            else:
+                self._drain(current_versions, rollout_done, stats, iteration_start=iteration_start, poll_s=poll_s)
         finally:
             self.trainer.release()
+
+    def _drain_in_order(self, current_versions, rollout_done, stats, *, iteration_start: float) -> None:
+        """Once rollout is done, claims every row and trains them in micro-batches cut in (group id, sample id)
+        order: which rows share a micro-batch, and the order the gradient sums add up in, then depend on the
+        rows alone, not on when each group finished or how the store's claims fell."""
+        rollout_done.wait()
+        claims = []
+        while (rows := self.store.claim_micro_batch(
+                self.agent, self.micro_batch_size, current_versions=dict(current_versions),
+                max_staleness=self.max_staleness, columns=CLAIM_COLUMNS, allow_partial=True, timeout=0)) is not None:
+            claims.append(rows)
+        self.claimed.extend(claims)  # committed (or released) as claimed; trained below in order
+        if not claims:
+            return
+        stats.first_claim_s = self.timeline.now() - iteration_start
+        order = sorted((claim.group_ids[claim.group_index[row]], claim.sample_ids[row], index, row)
+                       for index, claim in enumerate(claims) for row in range(len(claim)))
+        for start in range(0, len(order), self.micro_batch_size):
+            chunk = [(claims[index], row) for *_, index, row in order[start:start + self.micro_batch_size]]
+            self._train_rows([claim.sample_ids[row] for claim, row in chunk],
+                             {name: [claim.columns[name][row] for claim, row in chunk] for name in CLAIM_COLUMNS},
+                             current_versions, stats)
 
     def _drain(self, current_versions, rollout_done, stats, *, iteration_start: float, poll_s: float) -> None:
         since = None  # set when the last claim left less than a micro-batch: wait for new rows first

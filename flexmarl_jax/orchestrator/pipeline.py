@@ -59,14 +59,17 @@ class PipelineSettings:
     max_staleness: int = 0
     seed: int = 0
     debug_invariants: bool = False
+    deterministic: bool = False  # train after the rollout, micro-batches cut in group-id order
 
     def __post_init__(self):
         if self.mode not in MODES:
             raise ValueError(f"mode={self.mode!r}; allowed: {', '.join(MODES)}")
+        if self.deterministic and self.max_staleness:
+            raise ValueError(f"deterministic=True needs max_staleness=0, got {self.max_staleness}")
 
     @property
     def overlaps_training(self) -> bool:
-        return self.mode == "flexmarl" and self.async_micro_batches
+        return self.mode == "flexmarl" and self.async_micro_batches and not self.deterministic
 
 
 def conditional_agents(workflow: Workflow) -> set[str]:
@@ -228,7 +231,7 @@ class JointOrchestrator:
                 normalizers=self.normalizers[agent], aggregation=self.aggregation,
                 pad_id=self.agents[agent].pad_id, max_staleness=self.settings.max_staleness,
                 variable_groups=agent in self._conditional, timeline=self.timeline, resource=f"train/{agent}",
-                on_trained=on_trained)
+                on_trained=on_trained, ordered=self.settings.deterministic)
             for agent, trainer in self.trainers.items()
         }
 
@@ -375,7 +378,12 @@ class JointOrchestrator:
                 "entropy": stats[agent].neg_logprob_sum / stats[agent].tokens if stats[agent].tokens else None,
                 "kl": metrics.get("kl"),
                 "clip_frac": metrics.get("clip_fraction"),
+                # truncated importance sampling (max_staleness > 0), over the iteration's tokens; None when off
+                "is_weight_mean": metrics.get("is_weight_mean"),
+                "is_weight_max": metrics.get("is_weight_max"),
+                "is_clip_fraction": metrics.get("is_clip_fraction"),
                 "loss": metrics.get("loss"),
+                "value_loss": metrics.get("value_loss"),  # ppo: the critic's
                 "grad_norm": metrics.get("grad_norm"),
             }
         return {

@@ -57,7 +57,8 @@ def pipeline_settings(config: RunConfig) -> PipelineSettings:
         queries_per_iteration=config.workflow.queries_per_iteration,
         samples_per_query=config.workflow.samples_per_query, micro_batch_size=config.train.micro_batch_size,
         max_response_length=config.rollout.max_response_length, max_staleness=config.train.max_staleness,
-        seed=config.seed, debug_invariants=config.pipeline.debug_invariants)
+        seed=config.seed, debug_invariants=config.pipeline.debug_invariants,
+        deterministic=config.pipeline.deterministic)
 
 
 def build_orchestrator(config: RunConfig, *, timeline: metrics.Timeline | None = None,

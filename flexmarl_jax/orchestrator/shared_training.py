@@ -2,7 +2,7 @@
 which a trainer holds a slice only while its agent has work. Both are `TrainingPool`s.
 
 `SharedTraining` wraps every agent's `AgentTrainer` in a `PooledTrainer` that the joint orchestrator uses
-in place of the trainer (same calls: accumulate, apply, params, policy_version, checkpoint_state). The
+in place of the trainer (same calls: accumulate, values, apply, params, policy_version, checkpoint_state). The
 agent's state (params, optimizer state, fp32 gradient accumulator, pending count) lives in a `StateStore`
 through a `TrainerResidency`:
 
@@ -83,6 +83,12 @@ class PooledTrainer:
             self.activate()
             self._trainer.accumulate(batch)
             self.pending_micro_batches = self._trainer.pending_micro_batches
+
+    def values(self, batch):
+        """PPO: the critic's values of a micro-batch (activates: they are computed on the slice)."""
+        with self._lock:
+            self.activate()
+            return self._trainer.values(batch)
 
     def apply(self, *, allow_empty: bool = False) -> dict[str, float]:
         with self._lock:

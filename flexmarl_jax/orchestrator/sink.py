@@ -87,6 +87,9 @@ class StoreSink:
                                  f"{len(records)} calls were added")
             if not records:
                 return
+            # Calls arrive in completion order; the group's advantages (float sums over its rewards) and its rows'
+            # order in the store should depend on the samples alone (`pipeline.deterministic`).
+            records.sort(key=lambda record: record.trajectory_id)
             group = _Group(agent, records)
             for record in records:
                 reward = self._early_rewards.pop((agent, record.sample_id), None)

@@ -68,9 +68,9 @@ def supervised_step(trainer: AgentTrainer, pairs: list[tuple[list[int], list[int
     config = trainer.config
     if not config.old_logprobs_in_step or config.loss.tis_cap is not None:
         # Only then does the loss read these; otherwise the step computes its own old log-probs and the IS
-        # weight is 1, so a separate forward pass would be wasted.
-        current = trainer.logprobs(batch)
-        batch = batch.replace(old_logprobs=current, behaviour_logprobs=current)
+        # weight is 1, so a separate forward pass would be wasted. Behaviour = the old sampling log-probs: weight 1.
+        current, sampling = trainer.logprobs(batch), trainer.logprobs(batch, which="sampling")
+        batch = batch.replace(old_logprobs=current, old_sampling_logprobs=sampling, behaviour_logprobs=sampling)
     trainer.accumulate(batch)
     return trainer.apply()
 

@@ -8,7 +8,8 @@ Public names are imported lazily (this package is JAX-heavy; `import flexmarl_ja
     IterationNormalizers               normalizers.py  iteration-wide counts fixed before dispatch
     LossConfig, LOSSES                 losses.py    "grpo" (GRPO/Dr.GRPO/DAPO, k3 KL, TIS), "ppo"
     ALGORITHMS, loss_config_for        algorithms.py   "grpo" | "drgrpo" | "dapo" | "ppo"
-    ADVANTAGES, group_advantages, gae  advantages.py
+    ADVANTAGES, group_advantages, gae, advantages.py
+    gae_from_rewards
     OptimizerConfig, make_optimizer    optim.py
     save_trainer, restore_trainer,     checkpoint.py   Orbax checkpoints, restore onto any mesh
     save_all, restore_all
@@ -25,6 +26,7 @@ _EXPORTS = {
     "LossConfig": "losses", "LOSSES": "losses",
     "ALGORITHMS": "algorithms", "loss_config_for": "algorithms",
     "ADVANTAGES": "advantages", "group_advantages": "advantages", "gae": "advantages",
+    "gae_from_rewards": "advantages",
     "OptimizerConfig": "optim", "make_optimizer": "optim",
     "save_trainer": "checkpoint", "restore_trainer": "checkpoint", "save_all": "checkpoint",
     "restore_all": "checkpoint", "trainer_config_for": "from_config",

@@ -138,3 +138,31 @@ def whiten(values: jax.Array, mask: jax.Array, eps: float = 1e-8) -> jax.Array:
     mean = (values * mask).sum() / count
     var = (((values - mean) * mask) ** 2).sum() / count
     return (values - mean) / jnp.sqrt(var + eps) * mask
+
+
+@functools.cache
+def _jitted_gae():
+    return jax.jit(gae, static_argnames=("gamma", "lam"))
+
+
+def gae_from_rewards(rewards: Sequence[float], values: np.ndarray, loss_mask: np.ndarray, *, gamma: float,
+                     lam: float) -> tuple[np.ndarray, np.ndarray]:
+    """Host entry point for PPO: GAE advantages and returns ``[batch, seq]`` float32 of a micro-batch.
+
+    rewards: ``[rows]``, row i's reward, earned on its last response token (rows beyond them are padding);
+    values: ``[batch, seq]`` the critic's values; loss_mask: ``[batch, seq]`` True on response tokens.
+    """
+    mask = np.asarray(loss_mask, np.bool_)
+    rewards = np.asarray(rewards, np.float32)
+    if rewards.ndim != 1 or len(rewards) > mask.shape[0] or not mask[:len(rewards)].any(axis=1).all():
+        raise ValueError(f"rewards {rewards.shape} must give one reward per row with response tokens, at most "
+                         f"{mask.shape[0]} (the micro-batch's rows)")
+    rows = np.arange(len(rewards))
+    last = mask.shape[1] - 1 - np.argmax(mask[rows, ::-1], axis=1)  # each row's last response token
+    token_rewards = np.zeros(mask.shape, np.float32)
+    token_rewards[rows, last] = rewards
+    # Like group_advantages: a few host numbers, computed on the host's CPU device.
+    with jax.default_device(jax.devices("cpu")[0]):
+        advantages, returns = _jitted_gae()(token_rewards, np.asarray(values, np.float32), mask, gamma=gamma,
+                                            lam=lam)
+    return np.asarray(advantages, np.float32), np.asarray(returns, np.float32)

@@ -37,7 +37,8 @@ def _dapo() -> LossConfig:
 
 @ALGORITHMS.register("ppo")
 def _ppo() -> LossConfig:
-    """PPO: GAE advantages from a critic with a value head, clipped surrogate and value loss."""
+    """PPO: GAE advantages from a critic with a value head, clipped surrogate and value loss. The dispatcher
+    computes each micro-batch's GAE (orchestrator/dispatch.py); the group estimator is not used."""
     return LossConfig(name="ppo", aggregation="token_mean")
 
 

@@ -29,6 +29,7 @@ _FLOAT_FIELDS = (
     "advantages",
     "behaviour_logprobs",
     "old_logprobs",
+    "old_sampling_logprobs",
     "ref_logprobs",
     "old_values",
     "returns",
@@ -67,6 +68,10 @@ class MicroBatch:
     old_logprobs: float32 log-probs under the policy at the start of this iteration (the PPO ratio's
         denominator; defaults to ``behaviour_logprobs``). The trainer recomputes them in its step unless
         ``TrainerConfig.old_logprobs_in_step`` is False.
+    old_sampling_logprobs: float32 log-probs under the same old policy, but of the distribution rollout samples
+        from (the agent's temperature, top-k and top-p; see models/sampling_distribution.py): the truncated IS
+        weight's numerator, compared with ``behaviour_logprobs``. Equals ``old_logprobs`` for plain softmax
+        sampling; defaults to it, and the trainer recomputes it in its step with ``old_logprobs``.
     ref_logprobs: float32 log-probs under the frozen reference model (used only when the KL is on).
     old_values, returns: float32 critic values before the update and value targets (PPO only).
     agent: name of the agent whose rows these are (static metadata, checked by the trainer).
@@ -81,6 +86,7 @@ class MicroBatch:
     advantages: jax.Array
     behaviour_logprobs: jax.Array
     old_logprobs: jax.Array
+    old_sampling_logprobs: jax.Array
     ref_logprobs: jax.Array
     old_values: jax.Array
     returns: jax.Array
@@ -144,6 +150,7 @@ def build_micro_batch(
     pad_id: int = 0,
     bucketed: bool = True,
     old_logprobs: Sequence[Sequence[float]] | None = None,
+    old_sampling_logprobs: Sequence[Sequence[float]] | None = None,
     ref_logprobs: Sequence[Sequence[float]] | None = None,
     old_values: Sequence[Sequence[float]] | None = None,
     returns: Sequence[Sequence[float]] | None = None,
@@ -152,8 +159,9 @@ def build_micro_batch(
     smallest length bucket holding the longest row (`bucket_length`), or ``max_len`` when not ``bucketed``.
 
     Per row: ``prompt_ids`` and ``response_ids`` are token lists; ``behaviour_logprobs`` (and the
-    optional ``old_logprobs``/``ref_logprobs``/``old_values``/``returns``) have one value per response
-    token; ``advantages`` is one float per row (GRPO) or one per response token (PPO/GAE).
+    optional ``old_logprobs``/``old_sampling_logprobs``/``ref_logprobs``/``old_values``/``returns``) have one
+    value per response token (``old_logprobs`` defaults to ``behaviour_logprobs``, ``old_sampling_logprobs``
+    to ``old_logprobs``); ``advantages`` is one float per row (GRPO) or one per response token (PPO/GAE).
     ``normalizers`` must describe the whole iteration of this agent (see IterationNormalizers) and
     ``aggregation`` names the loss aggregation, so that weights are those of the full-batch loss.
     Fewer rows than ``batch_size`` is allowed: the rest is zero-weight padding.
@@ -164,6 +172,7 @@ def build_micro_batch(
         behaviour_logprobs=behaviour_logprobs,
         advantages=advantages,
         old_logprobs=old_logprobs,
+        old_sampling_logprobs=old_sampling_logprobs,
         ref_logprobs=ref_logprobs,
         old_values=old_values,
         returns=returns,
@@ -215,7 +224,9 @@ def build_micro_batch(
         if advantage.ndim == 0:
             advantage = np.full((n_response,), advantage, np.float32)
         per_token("advantages", advantage)
-        per_token("old_logprobs", (behaviour_logprobs if old_logprobs is None else old_logprobs)[row])
+        old = (behaviour_logprobs if old_logprobs is None else old_logprobs)[row]
+        per_token("old_logprobs", old)
+        per_token("old_sampling_logprobs", old if old_sampling_logprobs is None else old_sampling_logprobs[row])
         for name in ("ref_logprobs", "old_values", "returns"):
             if columns[name] is not None:
                 per_token(name, columns[name][row])

@@ -1,7 +1,8 @@
 """TrainerConfig for one agent from the run's typed config (`flexmarl_jax.config.RunConfig`).
 
-Reads only: train.{algorithm, learning_rate, micro_batch_size, rows_per_pass, max_staleness, remat},
-rollout.{max_prompt_length, max_response_length} and agents.<name>.{learning_rate, dtype, fp32_master_weights}.
+Reads only: train.{algorithm, learning_rate, micro_batch_size, rows_per_pass, max_staleness, tis_cap, remat},
+rollout.{max_prompt_length, max_response_length} and agents.<name>.{learning_rate, dtype, fp32_master_weights,
+temperature, top_k, top_p}.
 """
 
 from __future__ import annotations
@@ -15,22 +16,20 @@ from flexmarl_jax.train.trainer import TrainerConfig
 if TYPE_CHECKING:
     from flexmarl_jax.config import RunConfig
 
-# Cap of the truncated importance weight pi_old / pi_behaviour when rollout may run ahead.
-DEFAULT_TIS_CAP = 2.0
-
 
 def trainer_config_for(config: RunConfig, agent: str, **loss_overrides) -> TrainerConfig:
     """The TrainerConfig of ``agent``: its own learning rate (or train.learning_rate when -1), dtype and
     master weights, the run's algorithm and remat, micro-batches of ``micro_batch_size`` rows and at most
-    ``max_prompt_length + max_response_length - 1`` tokens, and truncated IS switched on when
-    ``max_staleness > 0``."""
+    ``max_prompt_length + max_response_length - 1`` tokens, and truncated IS capped at ``train.tis_cap`` when
+    ``max_staleness > 0`` (rows may then come from an older policy), comparing under the agent's sampling
+    distribution (its temperature, top-k, top-p)."""
     if agent not in config.agents:
         raise ValueError(f"unknown agent {agent!r}; configured agents: {sorted(config.agents)}")
     settings = config.agents[agent]
     agent_lr = settings.learning_rate
     learning_rate = agent_lr if agent_lr > 0 else config.train.learning_rate
     if config.train.max_staleness > 0:
-        loss_overrides.setdefault("tis_cap", DEFAULT_TIS_CAP)
+        loss_overrides.setdefault("tis_cap", config.train.tis_cap)
     return TrainerConfig(
         micro_batch_size=config.train.micro_batch_size,
         max_len=config.rollout.max_prompt_length + config.rollout.max_response_length - 1,
@@ -40,4 +39,7 @@ def trainer_config_for(config: RunConfig, agent: str, **loss_overrides) -> Train
         fp32_master_weights=settings.fp32_master_weights,
         remat=config.train.remat,
         rows_per_pass=config.train.rows_per_pass,
+        sampling_temperature=settings.temperature,
+        sampling_top_k=settings.top_k,
+        sampling_top_p=settings.top_p,
     )

@@ -37,8 +37,9 @@ from flexmarl_jax.mesh.meshes import make_mesh
 from flexmarl_jax.models import functional
 from flexmarl_jax.models.config import ModelConfig
 from flexmarl_jax.models.dtypes import PARAM_DTYPES
+from flexmarl_jax.models.sampling_distribution import is_plain_softmax, sampling_token_logprobs
 from flexmarl_jax.train.batch import ARRAY_FIELDS, MicroBatch, length_buckets, validate_micro_batch
-from flexmarl_jax.train.losses import LOSSES, LossConfig
+from flexmarl_jax.train.losses import LOSSES, LossConfig, accumulate_metrics
 from flexmarl_jax.train.optim import OptimizerConfig, make_optimizer
 
 logger = logging.getLogger(__name__)
@@ -56,9 +57,16 @@ class TrainerConfig:
     # policy; False uses the `ref_logprobs` the micro-batch carries.
     reference_in_step: bool = True
     # The parameters do not change inside an iteration, so they *are* the old policy: take the PPO
-    # ratio's denominator from the same forward pass (exact, no extra pass, ratio == 1). The truncated
-    # IS weight then compares it with the batch's behaviour log-probs. False uses batch.old_logprobs.
+    # ratio's denominator from the same forward pass (exact, no extra pass, ratio == 1), and the truncated
+    # IS weight's numerator, the old policy's sampling distribution (below), from the same logits.
+    # False uses batch.old_logprobs and batch.old_sampling_logprobs.
     old_logprobs_in_step: bool = True
+    # How the agent's rollouts sample: the engine records behaviour log-probs of this distribution
+    # (models/sampling_distribution.py), so the truncated IS weight evaluates the old policy under it too.
+    # A top-k or top-p filter sorts the vocabulary at every trained position (with truncated IS only).
+    sampling_temperature: float = 1.0
+    sampling_top_k: int = 0  # 0 = no top-k filter
+    sampling_top_p: float = 1.0
     # Donating params saves one parameter copy at apply time, but invalidates arrays anyone else still
     # holds (e.g. a colocated rollout engine that received `trainer.params`), so it is opt-in.
     donate_params: bool = False
@@ -82,6 +90,9 @@ class TrainerConfig:
         if self.fp32_master_weights and self.dtype == "float32":
             raise ValueError("fp32_master_weights=True needs dtype='bfloat16' (float32 parameters are their "
                              "own master copy)")
+        if self.sampling_temperature <= 0 or self.sampling_top_k < 0 or not 0 < self.sampling_top_p <= 1:
+            raise ValueError(f"sampling_temperature={self.sampling_temperature} must be > 0, sampling_top_k="
+                             f"{self.sampling_top_k} >= 0 and sampling_top_p={self.sampling_top_p} in (0, 1]")
 
     @property
     def pass_rows(self) -> int:
@@ -181,11 +192,22 @@ class _Steps:
 
     # ------------------------------------------------------------------------------ model math
 
+    def logits(self, params, batch: MicroBatch) -> jax.Array:
+        """[B, T, V] logits of the next token after each input token under ``params``."""
+        return functional.forward(self.graphdef, params, batch.tokens, batch.positions, batch.attention_mask,
+                                  remat=self.config.remat)
+
     def token_logprobs(self, params, batch: MicroBatch) -> jax.Array:
         """[B, T] float32 log-prob of ``batch.targets`` under ``params``."""
-        logits = functional.forward(self.graphdef, params, batch.tokens, batch.positions, batch.attention_mask,
-                                    remat=self.config.remat)
-        return functional.token_logprobs(logits, batch.targets)
+        return functional.token_logprobs(self.logits(params, batch), batch.targets)
+
+    def sampling_logprobs(self, logits, targets) -> jax.Array:
+        """[B, T] float32 log-prob of ``targets`` under the distribution the agent's rollouts sample from."""
+        config = self.config
+        if is_plain_softmax(config.sampling_temperature, config.sampling_top_k, config.sampling_top_p):
+            return functional.token_logprobs(logits, targets)
+        return sampling_token_logprobs(logits, targets, temperature=config.sampling_temperature,
+                                       top_k=config.sampling_top_k, top_p=config.sampling_top_p)
 
     def critic_values(self, critic, batch: MicroBatch) -> jax.Array:
         """[B, T] float32 value of the state after each input token (predicting ``targets``).
@@ -200,9 +222,14 @@ class _Steps:
         return logits.astype(jnp.float32) @ critic["head"]["kernel"] + critic["head"]["bias"]
 
     def loss_and_metrics(self, trainable, reference, batch: MicroBatch):
-        logprobs = self.token_logprobs(trainable["policy"], batch)
+        logits = self.logits(trainable["policy"], batch)
+        logprobs = functional.token_logprobs(logits, batch.targets)
         if self.config.old_logprobs_in_step:
-            batch = batch.replace(old_logprobs=jax.lax.stop_gradient(logprobs))
+            # Only the truncated IS weight reads the sampling log-probs; without it they would be a wasted pass.
+            needs_sampling = self.config.loss.tis_cap is not None
+            old_sampling = self.sampling_logprobs(logits, batch.targets) if needs_sampling else logprobs
+            batch = batch.replace(old_logprobs=jax.lax.stop_gradient(logprobs),
+                                  old_sampling_logprobs=jax.lax.stop_gradient(old_sampling))
         if reference is not None:
             batch = batch.replace(ref_logprobs=jax.lax.stop_gradient(self.token_logprobs(reference, batch)))
         values = self.critic_values(trainable["critic"], batch) if "critic" in trainable else None
@@ -214,7 +241,7 @@ class _Steps:
 
     def accumulate(self, trainable, reference, accum, batch):
         grads, metrics = jax.grad(self.loss_and_metrics, has_aux=True)(trainable, reference, batch)
-        return {"grads": _sum_tree(accum["grads"], grads), "metrics": _sum_tree(accum["metrics"], metrics)}
+        return {"grads": _sum_tree(accum["grads"], grads), "metrics": accumulate_metrics(accum["metrics"], metrics)}
 
     def apply(self, trainable, master, opt_state, accum):
         """One optimizer step on the float32 gradient sum: on `master` (float32) when kept, then
@@ -249,9 +276,21 @@ class _Steps:
                                   donate_argnums=donate)
         self.logprobs_step = jax.jit(self.token_logprobs, in_shardings=(self.policy, self.batch),
                                      out_shardings=self.batch)
+        self.sampling_logprobs_step = jax.jit(
+            lambda params, batch: self.sampling_logprobs(self.logits(params, batch), batch.targets),
+            in_shardings=(self.policy, self.batch), out_shardings=self.batch)
         if self.has_critic:
             self.values_step = jax.jit(self.critic_values, in_shardings=(trainable["critic"], self.batch),
                                        out_shardings=self.batch)
+
+
+def _with_token_means(metrics: dict[str, float]) -> dict[str, float]:
+    """The iteration's metrics plus the token means of its token sums (the truncated IS statistics)."""
+    tokens = metrics.get("num_tokens", 0.0)
+    if "is_weight_sum" in metrics and tokens > 0:
+        metrics["is_weight_mean"] = metrics["is_weight_sum"] / tokens
+        metrics["is_clip_fraction"] = metrics["is_clipped_tokens"] / tokens
+    return metrics
 
 
 def _cast_params(params, dtype):
@@ -360,7 +399,8 @@ class AgentTrainer:
     def apply(self, *, allow_empty: bool = False) -> dict[str, float]:
         """One optimizer step with the accumulated gradient; policy_version += 1; clears the accumulator.
 
-        Returns the iteration's metrics (weighted sums over its micro-batches, plus ``grad_norm``).
+        Returns the iteration's metrics (weighted sums over its micro-batches, plus ``grad_norm``; with truncated
+        IS also ``is_weight_mean``, ``is_weight_max`` and ``is_clip_fraction`` over the iteration's tokens).
         With no accumulated micro-batch this is an error unless ``allow_empty`` (then only the version
         advances, so every agent can move to the next iteration together).
         """
@@ -375,7 +415,7 @@ class AgentTrainer:
             self._trainable, self._master, self._opt_state, self._accum)
         self.policy_version += 1
         self._pending_micro_batches = 0
-        return {name: float(value) for name, value in jax.device_get(metrics).items()}
+        return _with_token_means({name: float(value) for name, value in jax.device_get(metrics).items()})
 
     def discard_accumulated(self) -> None:
         """Drops the accumulated gradient without an update (e.g. an iteration aborted by a crash)."""
@@ -390,19 +430,24 @@ class AgentTrainer:
         """[micro_batch_size, max_len] float32 log-probs of ``batch.targets``.
 
         ``which="policy"`` uses the current parameters (the old-policy log-probs of this iteration),
-        ``which="reference"`` the frozen reference (only when the KL is on).
+        ``which="sampling"`` the same parameters under the agent's sampling distribution (temperature, top-k,
+        top-p: what the truncated IS weight compares with behaviour log-probs), ``which="reference"`` the frozen
+        reference (only when the KL is on).
         """
         passes = self._place_passes(batch)
+        step = self._steps.logprobs_step
         if which == "policy":
             params = self._trainable["policy"]
+        elif which == "sampling":
+            params, step = self._trainable["policy"], self._steps.sampling_logprobs_step
         elif which == "reference":
             if self._reference is None:
                 raise ValueError(f"agent {self.agent!r} keeps no reference model (kl_coef=0 or "
                                  "reference_in_step=False)")
             params = self._reference
         else:
-            raise ValueError(f"which={which!r}; allowed: 'policy', 'reference'")
-        return np.concatenate([np.asarray(self._steps.logprobs_step(params, placed)) for placed in passes])
+            raise ValueError(f"which={which!r}; allowed: 'policy', 'sampling', 'reference'")
+        return np.concatenate([np.asarray(step(params, placed)) for placed in passes])
 
     def values(self, batch: MicroBatch) -> np.ndarray:
         """[micro_batch_size, max_len] float32 critic values (PPO only), for GAE before the iteration."""

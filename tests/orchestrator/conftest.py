@@ -39,13 +39,15 @@ class ScriptedRollout:
 
 
 def make_orchestrator(mode="flexmarl", *, max_staleness=0, latency=None, debug=True, async_micro_batches=True,
-                      seed=0, workdir=None, backend="memory"):
+                      seed=0, workdir=None, backend="memory", algorithm="grpo", deterministic=False):
     # The chain team of configs/tiny.py (solver, verifier, corrector) at this file's sizes.
     config = RunConfig(
         seed=seed, rollout=RolloutConfig(max_prompt_length=MAX_PROMPT, max_response_length=MAX_RESPONSE),
         workflow=WorkflowConfig(queries_per_iteration=QUERIES, samples_per_query=SAMPLES),
-        train=TrainConfig(learning_rate=1e-2, micro_batch_size=MICRO_BATCH, max_staleness=max_staleness),
-        pipeline=PipelineConfig(mode=mode, async_micro_batches=async_micro_batches, debug_invariants=debug))
+        train=TrainConfig(algorithm=algorithm, learning_rate=1e-2, micro_batch_size=MICRO_BATCH,
+                          max_staleness=max_staleness),
+        pipeline=PipelineConfig(mode=mode, async_micro_batches=async_micro_batches, debug_invariants=debug,
+                                deterministic=deterministic))
     # Every trainer on one device mesh: compiled steps are then shared by agents and tests (the consistency
     # model does not depend on where trainers run; tests/mesh covers the disaggregated layout).
     mesh = layout_devices(jax.devices(), ["all"], instances_per_agent=1, rollout_devices_per_instance=1,

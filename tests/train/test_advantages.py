@@ -4,7 +4,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from flexmarl_jax.train.advantages import ADVANTAGES, gae, group_advantages, whiten
+from flexmarl_jax.train.advantages import ADVANTAGES, gae, gae_from_rewards, group_advantages, whiten
 
 
 def test_grpo_advantages_match_numpy_per_group():
@@ -67,6 +67,34 @@ def test_gae_matches_loop_reference():
     ref = _gae_reference(rewards * mask, values * mask, mask, 0.9, 0.8)
     np.testing.assert_allclose(np.asarray(adv), ref, rtol=1e-5, atol=1e-6)
     np.testing.assert_allclose(np.asarray(ret), (ref + values) * mask, rtol=1e-5, atol=1e-6)
+
+
+def test_gae_from_row_rewards_matches_a_hand_computed_case():
+    """Row 0: 3 response tokens at positions 2..4 with values (0.5, 0.2, -0.1) and reward 1 on the last one;
+    gamma 0.9, lambda 0.8 (gamma * lambda = 0.72), the value after the last token is 0:
+        delta_4 = 1 + 0.9 * 0 - (-0.1) = 1.1                   A_4 = 1.1
+        delta_3 = 0 + 0.9 * (-0.1) - 0.2 = -0.29               A_3 = -0.29 + 0.72 * 1.1 = 0.502
+        delta_2 = 0 + 0.9 * 0.2 - 0.5 = -0.32                  A_2 = -0.32 + 0.72 * 0.502 = 0.04144
+    returns = A + V = (0.54144, 0.702, 1.0). Row 1 (one token, value 0.25, reward -1): A = -1.25, return -1.
+    Row 2 is padding."""
+    mask = np.zeros((3, 6), bool)
+    mask[0, 2:5] = True
+    mask[1, 0] = True
+    values = np.full((3, 6), 9.0, np.float32)  # garbage outside the response must not leak in
+    values[0, 2:5] = (0.5, 0.2, -0.1)
+    values[1, 0] = 0.25
+    advantages, returns = gae_from_rewards([1.0, -1.0], values, mask, gamma=0.9, lam=0.8)
+    expected_advantages = np.zeros((3, 6))
+    expected_advantages[0, 2:5] = (0.04144, 0.502, 1.1)
+    expected_advantages[1, 0] = -1.25
+    expected_returns = np.zeros((3, 6))
+    expected_returns[0, 2:5] = (0.54144, 0.702, 1.0)
+    expected_returns[1, 0] = -1.0
+    np.testing.assert_allclose(advantages, expected_advantages, atol=1e-6)
+    np.testing.assert_allclose(returns, expected_returns, atol=1e-6)
+    assert advantages.dtype == returns.dtype == np.float32
+    with pytest.raises(ValueError, match="one reward per row with response tokens"):
+        gae_from_rewards([1.0, 1.0, 1.0], values, mask, gamma=0.9, lam=0.8)  # row 2 has no response
 
 
 def test_whiten_has_zero_mean_unit_std_on_mask():

@@ -2,7 +2,7 @@ import dataclasses
 
 import pytest
 
-from flexmarl_jax.train.from_config import DEFAULT_TIS_CAP, trainer_config_for
+from flexmarl_jax.train.from_config import trainer_config_for
 
 
 def test_agent_learning_rate_and_shapes(tiny_config):
@@ -17,9 +17,14 @@ def test_agent_learning_rate_and_shapes(tiny_config):
     assert solver.loss.clip_eps_high == 0.28 and solver.loss.tis_cap is None
 
 
-def test_staleness_turns_on_truncated_is(tiny_config):
+def test_staleness_turns_on_truncated_is_with_the_agents_sampling(tiny_config):
     config = dataclasses.replace(tiny_config, train=dataclasses.replace(tiny_config.train, max_staleness=1))
-    assert trainer_config_for(config, "solver").loss.tis_cap == DEFAULT_TIS_CAP
+    assert trainer_config_for(config, "solver").loss.tis_cap == config.train.tis_cap == 2.0
+    capped = dataclasses.replace(config, train=dataclasses.replace(config.train, tis_cap=3.5))
+    assert trainer_config_for(capped, "solver").loss.tis_cap == 3.5
+    solver = dataclasses.replace(config.agents["solver"], temperature=0.7, top_k=5, top_p=0.9)
+    sampled = trainer_config_for(dataclasses.replace(config, agents={**config.agents, "solver": solver}), "solver")
+    assert (sampled.sampling_temperature, sampled.sampling_top_k, sampled.sampling_top_p) == (0.7, 5, 0.9)
     assert trainer_config_for(config, "solver", kl_coef=0.1).loss.kl_coef == 0.1
     with pytest.raises(ValueError, match="unknown agent 'critic'; configured agents"):
         trainer_config_for(config, "critic")

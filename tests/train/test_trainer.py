@@ -12,6 +12,7 @@ from flexmarl_jax.models import functional
 from flexmarl_jax.train.advantages import gae
 from flexmarl_jax.train.algorithms import loss_config_for
 from flexmarl_jax.train.batch import ARRAY_FIELDS, build_iteration
+from flexmarl_jax.train.losses import LossConfig
 from flexmarl_jax.train.optim import OptimizerConfig
 from flexmarl_jax.train.trainer import AgentTrainer, TrainerConfig
 from tests.train.conftest import ADAM, FULL, LOSS, MAX_LEN, all_zero, make_trainer, random_rows, rel_err, run_iteration
@@ -185,6 +186,46 @@ def test_stale_samples_get_truncated_importance_weights_in_the_step(tiny_model_c
     trainer.accumulate(stale)
     g_stale = jax.device_get(trainer.accumulated_gradients())
     assert rel_err(g_stale, jax.tree.map(lambda g: 2 * g, g_fresh)) < 1e-5
+
+
+@pytest.mark.parametrize("temperature", [1.0, 0.5])
+def test_importance_weight_metrics_match_hand_computed_ratios(tiny_model_config, initial, temperature):
+    """Two micro-batches, each trained in two passes: the iteration's IS statistics are those of
+    w = min(exp(old - behaviour), cap) over every response token, old being the initial policy's log-prob under
+    the agent's sampling distribution (log-softmax of logits / temperature), computed here with numpy."""
+    cap = 2.0
+    config = TrainerConfig(micro_batch_size=4, max_len=MAX_LEN, loss=LossConfig(tis_cap=cap), optimizer=ADAM,
+                           rows_per_pass=2, sampling_temperature=temperature)
+    trainer = AgentTrainer("solver", tiny_model_config, config, initial=initial)
+    rng = np.random.default_rng(3)
+    rows = random_rows(8, seed=11)
+    batches = build_iteration(agent="solver", aggregation="token_mean", micro_batch_size=4, max_len=MAX_LEN, **rows)
+    graphdef, params = initial
+    weights = []
+    for batch in batches:
+        logits = np.asarray(functional.forward(graphdef, params, batch.tokens, batch.positions, batch.attention_mask),
+                            np.float64) / temperature
+        log_softmax = logits - np.log(np.exp(logits - logits.max(-1, keepdims=True)).sum(-1, keepdims=True)) \
+            - logits.max(-1, keepdims=True)
+        old = np.take_along_axis(log_softmax, np.asarray(batch.targets)[..., None], axis=-1)[..., 0]
+        mask = np.asarray(batch.loss_mask)
+        # behaviour log-probs between 1.5 below and 1 above the old ones: ratios from e^-1 to e^1.5 > cap
+        behaviour = np.where(mask, old - rng.uniform(-1.0, 1.5, size=old.shape), 0.0).astype(np.float32)
+        weights.append(np.minimum(np.exp(old - behaviour), cap)[mask])
+        trainer.accumulate(batch.replace(behaviour_logprobs=behaviour))
+    metrics = trainer.apply()
+    expected = np.concatenate(weights)
+    assert 0 < (expected == cap).mean() < 1 and expected.min() < 1  # the case has clipped and down-weighted tokens
+    assert metrics["num_tokens"] == expected.size
+    assert metrics["is_weight_mean"] == pytest.approx(expected.mean(), rel=1e-5)
+    assert metrics["is_weight_max"] == pytest.approx(expected.max(), rel=1e-6)
+    assert metrics["is_clip_fraction"] == pytest.approx(np.mean(expected >= cap), abs=1e-9)
+
+
+def test_no_importance_metrics_without_a_cap(tiny_model_config, initial):
+    trainer = make_trainer(tiny_model_config, initial, 8, loss=LossConfig())
+    run_iteration(trainer, random_rows(8, seed=2), 8)
+    assert not {"is_weight_mean", "is_weight_max", "is_clip_fraction"} & set(trainer.apply())
 
 
 # ------------------------------------------------------------------------------ real sizes
