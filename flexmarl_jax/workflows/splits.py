@@ -1,7 +1,9 @@
 """Train and eval problems that never share content: a task's held-out split.
 
-A problem belongs to the eval split by its *content* (its prompt text, whitespace-collapsed and casefolded),
-never by its input id, so the same question drawn twice, by two seeds or from two files, lands on the same side:
+A problem belongs to the eval split by its *content*, never by its input id, so the same question drawn twice,
+by two seeds or from two files, lands on the same side. Content is the task's own `content_key` where it has
+one (`tasks.CanonicalContent`: "4+3=" is "3+4=", Countdown's numbers in any order are one puzzle), else the
+prompt text with whitespace collapsed, casefolded:
 
 - generated tasks and a JSONL file alone: a stable hash of the content puts a fixed `eval_fraction` of all
   possible contents in the eval split (the same contents on every machine, seed and run);
@@ -18,10 +20,11 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import logging
+import math
 import zlib
 from collections.abc import Iterator
 
-from flexmarl_jax.workflows.tasks import Problem, Task
+from flexmarl_jax.workflows.tasks import CanonicalContent, Problem, Task
 
 logger = logging.getLogger(__name__)
 
@@ -34,10 +37,14 @@ _CHUNK = 1024  # draws per seed when eval problems are searched for
 EVAL_PROBLEMS_SEED = 0
 
 
-def content_key(problem: Problem | str) -> str:
-    """What makes two problems the same: the prompt with whitespace collapsed, casefolded."""
-    prompt = problem.prompt if isinstance(problem, Problem) else problem
-    return " ".join(prompt.split()).casefold()
+def content_key(problem: Problem | str, task: Task | None = None) -> str:
+    """What makes two problems the same: `task.content_key` (a `CanonicalContent` task), else the prompt; with
+    whitespace collapsed, casefolded."""
+    if isinstance(problem, Problem) and isinstance(task, CanonicalContent):
+        text = task.content_key(problem)
+    else:
+        text = problem.prompt if isinstance(problem, Problem) else problem
+    return " ".join(text.split()).casefold()
 
 
 def hash_share(key: str) -> float:
@@ -75,7 +82,7 @@ class TrainEvalSplit:
         self._file_keys: frozenset[str] = frozenset()
         if self.eval_file:
             self._file_problems = _read_eval_file(self.eval_file, task.name)
-            self._file_keys = frozenset(content_key(problem) for problem in self._file_problems)
+            self._file_keys = frozenset(self.content_key(problem) for problem in self._file_problems)
             self._warn_about_overlap()
         self.generate(1, seed=0)  # raises EmptySplit when nothing is left to train on
         if self._file_problems is None and not self.eval_problems(1, seed=0):
@@ -83,9 +90,13 @@ class TrainEvalSplit:
                              f"(in {SEARCH_DRAWS} draws) is held out")
 
     # ------------------------------------------------------------------------------------------ membership
+    def content_key(self, problem: Problem) -> str:
+        """The problem's content, as this split compares problems (`content_key` with the wrapped task)."""
+        return content_key(problem, self.task)
+
     def is_eval(self, problem: Problem) -> bool:
         """Whether the problem's content belongs to the eval split."""
-        key = content_key(problem)
+        key = self.content_key(problem)
         if self.eval_file:
             return key in self._file_keys
         return hash_share(key) < self.eval_fraction
@@ -112,15 +123,15 @@ class TrainEvalSplit:
         """Up to `count` distinct eval problems, the same list for the same (count, seed); fewer when the eval
         split has fewer distinct problems. Input ids are `<task>-eval-<index>`."""
         if self._file_problems is not None:
-            found = _distinct(self._file_problems)
+            found = self._distinct(self._file_problems)
             # A seeded shuffle, so a count below the file's size takes a sample of it, not its head.
             order = sorted(range(len(found)), key=lambda index: zlib.crc32(f"{seed}/{index}".encode()))
             chosen = [found[index] for index in order[:count]]
         else:
             chosen = []
             seen: set[str] = set()
-            for problem in self._draws(seed):
-                key = content_key(problem)
+            for problem in self._draws(seed, count):
+                key = self.content_key(problem)
                 if key not in seen and hash_share(key) < self.eval_fraction:
                     seen.add(key)
                     chosen.append(problem)
@@ -130,35 +141,39 @@ class TrainEvalSplit:
         return [dataclasses.replace(problem, input_id=f"{prefix}-eval-{index}")
                 for index, problem in enumerate(chosen)]
 
-    def _draws(self, seed: int) -> Iterator[Problem]:
-        """The wrapped task's problems for eval seed `seed`, chunk after chunk, SEARCH_DRAWS in all."""
-        for chunk in range(SEARCH_DRAWS // _CHUNK):
+    def _draws(self, seed: int, count: int) -> Iterator[Problem]:
+        """The wrapped task's problems for eval seed `seed`, chunk after chunk: SEARCH_DRAWS, or (up to 16 times
+        that) enough to meet `count` distinct eval problems about 8 times over in a large problem space."""
+        if self.eval_fraction <= 0:
+            return
+        draws = min(max(SEARCH_DRAWS, math.ceil(8 * count / self.eval_fraction)), 16 * SEARCH_DRAWS)
+        for chunk in range(math.ceil(draws / _CHUNK)):
             yield from self.task.generate(_CHUNK, seed=zlib.crc32(f"eval/{seed}/{chunk}".encode()))
 
     # ------------------------------------------------------------------------------------------ checks
     def _distinct_seen(self) -> int:
-        return len({content_key(problem) for problem in self.task.generate(SEARCH_DRAWS, seed=0)})
+        return len({self.content_key(problem) for problem in self.task.generate(SEARCH_DRAWS, seed=0)})
+
+    def _distinct(self, problems: list[Problem]) -> list[Problem]:
+        """The first problem of each content, in order."""
+        seen: set[str] = set()
+        kept = []
+        for problem in problems:
+            key = self.content_key(problem)
+            if key not in seen:
+                seen.add(key)
+                kept.append(problem)
+        return kept
 
     def _warn_about_overlap(self) -> None:
         records = getattr(self.task, "records", None)
         if records is None:
             return
+        # A file task's problems are their prompts: its lines compare by prompt.
         overlap = sum(content_key(record.prompt) in self._file_keys for record in records)
         if overlap:
             logger.warning("%d of %d lines of %s also appear in the eval file %s; they are held out of training",
                            overlap, len(records), getattr(self.task, "path", self.name), self.eval_file)
-
-
-def _distinct(problems: list[Problem]) -> list[Problem]:
-    """The first problem of each content, in order."""
-    seen: set[str] = set()
-    kept = []
-    for problem in problems:
-        key = content_key(problem)
-        if key not in seen:
-            seen.add(key)
-            kept.append(problem)
-    return kept
 
 
 def _read_eval_file(path: str, task_name: str) -> list[Problem]:

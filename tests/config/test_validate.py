@@ -127,11 +127,11 @@ def test_bad_workflow_settings(overrides, fragment):
 
 
 @pytest.mark.parametrize("overrides, fragment", [
-    # The tiny task has 15 distinct problems: 1% holds out none of them, 99.9% all of them.
-    ({"eval.fraction": "0.01"}, "config.eval.fraction=0.01 leaves the eval split empty: none of the 15 distinct "
+    # The tiny task has 9 distinct problems (15 prompts): 1% holds out none of them, 99.9% all of them.
+    ({"eval.fraction": "0.01"}, "config.eval.fraction=0.01 leaves the eval split empty: none of the 9 distinct "
                                 "problems of task 'arithmetic' (in 8192 draws) is held out (raise eval.fraction)"),
     ({"eval.fraction": "0.0"}, "config.eval.fraction=0.0 leaves the eval split empty"),
-    ({"eval.fraction": "0.999"}, "config.eval.fraction=0.999 leaves the train split empty: all 15 distinct "
+    ({"eval.fraction": "0.999"}, "config.eval.fraction=0.999 leaves the train split empty: all 9 distinct "
                                  "problems of task 'arithmetic' (in 8192 draws) are held out"),
     ({"eval.file": "test.jsonl"}, "config.eval.file='test.jsonl' takes the eval problems of a .jsonl task, but "
                                   "config.workflow.task='arithmetic' generates its problems"),

@@ -7,7 +7,7 @@ import pytest
 
 from flexmarl_jax.workflows import build_workflow
 from flexmarl_jax.workflows.oracles import PromptOracle
-from flexmarl_jax.workflows.splits import TrainEvalSplit, content_key
+from flexmarl_jax.workflows.splits import TrainEvalSplit
 from flexmarl_jax.workflows.tasks import ArithmeticTask, ReverseTask
 from flexmarl_jax.workflows.warmup_data import WARMUP_KINDS, warmup_examples, warmup_problems
 
@@ -77,13 +77,15 @@ def test_sft_keeps_only_right_calls_of_every_agent():
 @pytest.mark.timeout(120)
 @pytest.mark.parametrize("kind", sorted(WARMUP_KINDS))
 def test_warmup_draws_training_problems_only(kind):
-    task = ArithmeticTask(max_digits=1, operators="+", max_answer=4)  # 15 problems: 256 draws meet them all
-    split = TrainEvalSplit(task, eval_fraction=0.2)
-    eval_keys = {content_key(problem) for problem in split.eval_problems(100, seed=0)}
-    assert eval_keys and eval_keys <= {content_key(p) for p in warmup_problems(task, queries=256, seed=3)}
+    task = ArithmeticTask(max_digits=1, operators="+", max_answer=4)  # 15 prompts: 256 draws meet them all
+    split = TrainEvalSplit(task, eval_fraction=0.3)
+    eval_keys = {split.content_key(problem) for problem in split.eval_problems(100, seed=0)}
+    assert eval_keys == {"0+0=", "0+1=", "1+1=", "2+2="}
+    assert eval_keys <= {split.content_key(p) for p in warmup_problems(task, queries=256, seed=3)}
     examples = warmup_examples(CHAIN, split, kind=kind, queries=256, samples_per_query=1, seed=3)
-    queries = {prompt[:4] for pairs in examples.values() for prompt, _ in pairs}  # "d+d=" starts every prompt
-    assert queries and not queries & eval_keys
+    # "a+b=" starts every prompt; its problem is "min(a,b)+max(a,b)=".
+    queries = {"+".join(sorted(prompt[:3].split("+"))) + "=" for pairs in examples.values() for prompt, _ in pairs}
+    assert len(queries) == 9 - 4 and not queries & eval_keys
 
 
 def test_unknown_kind():
