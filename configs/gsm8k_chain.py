@@ -53,6 +53,12 @@ def base_config() -> ml_collections.ConfigDict:
     workflow.samples_per_query = 8
     workflow.warmup_steps = 0  # instruct checkpoints already answer in a format
 
+    # Held out: eval.fraction of train.jsonl's questions. GSM8K's own test split is the usual eval set instead:
+    # --config.eval.file=$FLEXMARL_DATA/gsm8k/test.jsonl (training then drops any question it shares with it).
+    config.eval.every = 20
+    config.eval.problems = 200
+    config.eval.samples = 4  # 4 sampled solutions per question: eval_pass_at_k is pass@4
+
     rollout = config.rollout
     rollout.decode_slots = 64
     rollout.max_prompt_length = 1024  # the chat template, the question and a quoted 512-token response
@@ -110,6 +116,9 @@ def _cpu_smoke(config: ml_collections.ConfigDict) -> None:
     config.train.remat = False
     config.train.rows_per_pass = 0
     config.iterations = 2
+    config.eval.every = 2
+    config.eval.problems = 4
+    config.eval.samples = 2
 
 
 VARIANT_CHANGES = {**tiny.VARIANT_CHANGES, "tpu_v5e_8": _tpu_v5e_8, "gpu_1": _gpu_1, "cpu_smoke": _cpu_smoke}

@@ -76,7 +76,21 @@ def base_config() -> ml_collections.ConfigDict:
     config.workflow.shaping_weights.corrector_fix = 0.5  # chain: a wrong answer was fixed
     config.workflow.queries_per_iteration = 16  # distinct queries rolled out per iteration
     config.workflow.samples_per_query = 8  # trajectories per query (the GRPO group size)
-    config.workflow.warmup_steps = 150  # format-only supervised warm-up steps before the first RL iteration
+    config.workflow.warmup_steps = 150  # supervised warm-up steps before the first RL iteration (0 = none)
+    # What the warm-up teaches, on training problems only: format (answers drawn independently of the truth:
+    # the output format and nothing else) | sft (right answers: a supervised cold start).
+    config.workflow.warmup = "format"
+
+    # Held-out evaluation (docs/workflows.md): the task's problems split into train and eval by content; the team
+    # runs the eval problems at the start of RL, every `every` iterations and at the end, greedily
+    # (eval_team_accuracy) and sampled (eval_pass_at_k); nothing of it is stored or trained.
+    config.eval = ml_collections.ConfigDict()
+    config.eval.enabled = True  # False: no held-out split (train on every problem) and no evals
+    config.eval.every = 20  # evaluate after every this many iterations (>= 1), besides the start and the end
+    config.eval.problems = 200  # distinct eval problems (fewer when the eval split has fewer)
+    config.eval.samples = 8  # sampled trajectories per eval problem: the k of eval_pass_at_k
+    config.eval.fraction = 0.2  # share of the task's problem contents held out for eval (by a hash of the prompt)
+    config.eval.file = ""  # .jsonl tasks: eval problems from this JSONL file instead of eval.fraction of the task's
 
     config.rollout = ml_collections.ConfigDict()
     config.rollout.instances_per_agent = 1  # engine instances serving each agent
@@ -124,12 +138,15 @@ def base_config() -> ml_collections.ConfigDict:
 
 
 def _smoke(config: ml_collections.ConfigDict) -> None:
-    """Seconds-long runs for tests: 2 iterations of 4 queries x 4 samples."""
+    """Seconds-long runs for tests: 2 iterations of 4 queries x 4 samples, evals of 4 problems x 2 samples."""
     config.iterations = 2
     config.workflow.queries_per_iteration = 4
     config.workflow.samples_per_query = 4
     config.workflow.warmup_steps = 2
     config.train.micro_batch_size = 8
+    config.eval.every = 2  # evals at the start and the end
+    config.eval.problems = 4
+    config.eval.samples = 2
 
 
 def _set(**fields) -> Callable[[ml_collections.ConfigDict], None]:

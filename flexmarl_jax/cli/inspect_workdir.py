@@ -6,14 +6,21 @@ import os
 
 
 def _metrics_summary(workdir: str) -> str:
-    from flexmarl_jax.metrics.writer import read_metrics
+    from flexmarl_jax.metrics.writer import eval_records, iteration_records, read_metrics
 
-    rows = read_metrics(workdir)
-    if not rows:
+    records = read_metrics(workdir)
+    rows, evals = iteration_records(records), eval_records(records)
+    if not rows and not evals:
         return "metrics: none (no metrics.jsonl, or it is empty)"
-    first, last = rows[0], rows[-1]
-    return (f"metrics: {len(rows)} iterations; team_accuracy {first.get('team_accuracy')} -> "
-            f"{last.get('team_accuracy')}; last e2e_s {last.get('e2e_s')}")
+    summary = "metrics: no iterations"
+    if rows:
+        first, last = rows[0], rows[-1]
+        summary = (f"metrics: {len(rows)} iterations; team_accuracy {first.get('team_accuracy')} -> "
+                   f"{last.get('team_accuracy')}; last e2e_s {last.get('e2e_s')}")
+    if evals:
+        summary += (f"; {len(evals)} evals, eval_team_accuracy {evals[0].get('eval_team_accuracy')} -> "
+                    f"{evals[-1].get('eval_team_accuracy')}")
+    return summary
 
 
 def format_workdir_summary(workdir: str) -> str:

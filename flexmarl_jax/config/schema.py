@@ -60,6 +60,12 @@ def _algorithm_names() -> tuple[str, ...]:
     return ALGORITHM_NAMES
 
 
+def _warmup_kinds() -> list[str]:
+    from flexmarl_jax.workflows.warmup_data import WARMUP_KINDS
+
+    return sorted(WARMUP_KINDS)
+
+
 def _task_rule(task: str) -> str | None:
     """A registered task, or a path ending in .jsonl (read by the `jsonl` task)."""
     from flexmarl_jax.workflows.tasks import TASK_BUILDERS
@@ -161,7 +167,28 @@ class WorkflowConfig(Section):
     queries_per_iteration: int = setting(16, rule=positive, help="distinct queries rolled out per iteration")
     samples_per_query: int = setting(8, rule=positive, help="trajectories per query (the GRPO group size)")
     warmup_steps: int = setting(150, rule=at_least_zero,
-                                help="format-only supervised warm-up steps before the first RL iteration")
+                                help="supervised warm-up steps before the first RL iteration (0 = none)")
+    warmup: str = setting("format", choices=_warmup_kinds, help="what the warm-up teaches, on training problems "
+                          "only: format (answers drawn independently of the truth) or sft (right answers)")
+
+
+@_frozen
+class EvalConfig(Section):
+    """Held-out evaluation (`config.eval`; docs/workflows.md). The task's problems split into train and eval by
+    content; the team runs the eval problems greedily and sampled at the start of RL, every `every`
+    iterations and at the end, with nothing of it stored or trained."""
+
+    enabled: bool = setting(True, help="hold out eval problems and evaluate; False = train on every problem, "
+                            "never evaluate")
+    every: int = setting(20, rule=lambda every: None if every >= 1 else "must be >= 1 (iterations between evals)",
+                         help="evaluate after every this many iterations (and at the start and the end)")
+    problems: int = setting(200, rule=positive, help="distinct eval problems (fewer when the eval split has fewer)")
+    samples: int = setting(8, rule=positive, help="sampled trajectories per eval problem: the k of eval_pass_at_k")
+    fraction: float = setting(0.2, rule=lambda share: None if 0 <= share < 1 else "must be in [0, 1)",
+                              help="share of the task's problem contents held out for eval (by a hash of each "
+                              "prompt); unused with eval.file")
+    file: str = setting("", help="a .jsonl task's eval problems from this JSONL file instead of eval.fraction of "
+                        "its own; training drops its lines that are also in this file")
 
 
 @_frozen
@@ -272,6 +299,7 @@ class RunConfig(Section):
     mesh: MeshConfig = setting(factory=MeshConfig, help="devices")
     store: StoreConfig = setting(factory=StoreConfig, help="the experience store")
     pipeline: PipelineConfig = setting(factory=PipelineConfig, help="how rollout and training overlap")
+    eval: EvalConfig = setting(factory=EvalConfig, help="held-out evaluation")
 
     def __post_init__(self) -> None:
         super().__post_init__()
@@ -290,11 +318,12 @@ class RunConfig(Section):
 
     def check(self, path: str) -> None:
         """The rules that span sections (after every field passed its own)."""
-        from flexmarl_jax.config.workflow_checks import check_workflow
+        from flexmarl_jax.config.workflow_checks import check_eval_split, check_workflow
 
         if not self.agents:
             raise ConfigError("config.agents is empty; declare at least one agent")
         check_workflow(self.workflow, tuple(self.agents))
+        check_eval_split(self.eval, self.workflow)
         train, samples = self.train, self.global_batch_size
         if samples % train.micro_batch_size:
             raise ConfigError(f"config.train.micro_batch_size={train.micro_batch_size} must divide "

@@ -1,7 +1,8 @@
 """The workflow section against the workflow and task registries (pure Python, no JAX).
 
 Builds the workflow and the task once, so that their errors surface when the config is built, and checks that
-the workflow's roles are played by exactly the declared agents.
+the workflow's roles are played by exactly the declared agents and that the task's eval split has problems on
+both sides.
 """
 
 from __future__ import annotations
@@ -12,7 +13,7 @@ from flexmarl_jax.config.errors import ConfigError
 from flexmarl_jax.config.fields import thaw
 
 if TYPE_CHECKING:
-    from flexmarl_jax.config.schema import WorkflowConfig
+    from flexmarl_jax.config.schema import EvalConfig, WorkflowConfig
 
 
 def check_workflow(workflow: WorkflowConfig, agents: tuple[str, ...]) -> None:
@@ -62,6 +63,30 @@ def _check_task(workflow: WorkflowConfig) -> None:
     except (ValueError, TypeError, OSError) as error:
         raise ConfigError(f"config.workflow.task={workflow.task!r} with task_options.{task_key(workflow.task)}: "
                           f"{error}") from None
+
+
+def check_eval_split(eval_config: EvalConfig, workflow: WorkflowConfig) -> None:
+    """Raises ConfigError naming the eval field when the held-out split would leave either side empty, or when
+    `eval.file` is set for a task that is not a .jsonl file (generated tasks hold out `eval.fraction`)."""
+    from flexmarl_jax.workflows.from_config import split_task_from_config
+    from flexmarl_jax.workflows.splits import EmptySplit
+
+    if not eval_config.enabled:
+        return
+    if eval_config.file and not workflow.task.endswith(".jsonl"):
+        raise ConfigError(f"config.eval.file={eval_config.file!r} takes the eval problems of a .jsonl task, but "
+                          f"config.workflow.task={workflow.task!r} generates its problems: it holds out "
+                          "eval.fraction of them (set eval.file='')")
+    field = (f"config.eval.file={eval_config.file!r}" if eval_config.file
+             else f"config.eval.fraction={eval_config.fraction}")
+    try:
+        split_task_from_config(workflow, eval_config)
+    except EmptySplit as error:
+        remedy = ("an eval file that is not a copy of the training file" if eval_config.file else
+                  {"eval": "raise eval.fraction", "train": "lower eval.fraction"}[error.side])
+        raise ConfigError(f"{field} leaves the {error.side} split empty: {error} ({remedy})") from None
+    except (ValueError, OSError) as error:  # an eval file that is missing or has a bad line
+        raise ConfigError(f"{field}: {error}") from None
 
 
 def _roles_played(workflow: WorkflowConfig) -> str:

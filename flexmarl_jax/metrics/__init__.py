@@ -4,7 +4,8 @@
   (record types and series names in timeline_records.py); utilization over a window (utilization.py);
   saved to / loaded from `<workdir>/timeline.json`.
 - `MetricsWriter` (writer.py): one JSON object per iteration in `<workdir>/metrics.jsonl` plus
-  TensorBoard scalars in `<workdir>/tensorboard/`; resume-safe (an iteration is never written twice).
+  TensorBoard scalars in `<workdir>/tensorboard/`; resume-safe (an iteration is never written twice). Held-out
+  evaluations add records of `"kind": "eval"` (`iteration_records` / `eval_records` tell them apart).
 - `IterationProgress`, `print_summary` (progress.py): progress bar with ETA (one line per iteration when
   not on a terminal) and the end-of-run summary table.
 - `flexmarl_jax.metrics.plots` (imported separately; it loads matplotlib): `plot_all(workdir)` writes
@@ -73,12 +74,23 @@ from flexmarl_jax.metrics.timeline_records import (
     resource_group,
 )
 from flexmarl_jax.metrics.utilization import DEFAULT_TIME_SPLIT, union_length
-from flexmarl_jax.metrics.writer import METRICS_FILENAME, TENSORBOARD_DIRNAME, MetricsWriter, read_metrics
+from flexmarl_jax.metrics.writer import (
+    EVAL_KIND,
+    ITERATION_KIND,
+    METRICS_FILENAME,
+    TENSORBOARD_DIRNAME,
+    MetricsWriter,
+    eval_records,
+    iteration_records,
+    read_metrics,
+)
 
 __all__ = [
     "DEFAULT_TIME_SPLIT",
+    "EVAL_KIND",
     "GENERATED_TOKENS",
     "INSTANCES",
+    "ITERATION_KIND",
     "KNOWN_KINDS",
     "METRICS_FILENAME",
     "MIGRATION",
@@ -93,7 +105,9 @@ __all__ = [
     "PointEvent",
     "Sample",
     "Timeline",
+    "eval_records",
     "flatten",
+    "iteration_records",
     "print_summary",
     "read_metrics",
     "resource_group",

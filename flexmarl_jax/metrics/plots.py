@@ -1,4 +1,5 @@
-"""PNG plots of a run: learning curves, time breakdown, a Gantt chart of resource activity, per-agent load.
+"""PNG plots of a run: learning and held-out eval curves, time breakdown, a Gantt chart of resource activity,
+per-agent load.
 
 Every function takes data (records / a `Timeline`) or paths, writes PNGs into `out_dir` and returns the
 paths it wrote. `plot_all(workdir)` replots a run from its `metrics.jsonl` and `timeline.json`.
@@ -33,7 +34,7 @@ from flexmarl_jax.metrics.plot_style import (
 )
 from flexmarl_jax.metrics.timeline import TIMELINE_FILENAME, Timeline
 from flexmarl_jax.metrics.timeline_plots import plot_gantt, plot_load
-from flexmarl_jax.metrics.writer import METRICS_FILENAME, read_metrics
+from flexmarl_jax.metrics.writer import METRICS_FILENAME, eval_records, iteration_records, read_metrics
 
 __all__ = ["agent_colors", "kind_color", "plot_all", "plot_curves", "plot_gantt", "plot_load"]
 
@@ -47,33 +48,45 @@ _TIME_PARTS = (
 
 
 def plot_curves(metrics: PathLike | Sequence[Mapping[str, Any]], out_dir: PathLike) -> list[Path]:
-    """Reward/accuracy curves (team + per agent), KL/clip/entropy per agent, and the E2E time split.
+    """Reward/accuracy curves (team + per agent) beside the held-out eval curves, KL/clip/entropy per agent, and
+    the E2E time split.
 
     Args:
-      metrics: a `metrics.jsonl`, a workdir holding one, or the records themselves.
+      metrics: a `metrics.jsonl`, a workdir holding one, or the records themselves (training iterations and
+        evaluations, `writer.iteration_records` / `writer.eval_records`).
       out_dir: where `curves.png`, `train_stats.png` and `time_breakdown.png` go (each only if it has data).
+
+    The x axis is the iteration, i.e. the policy version: an eval at x evaluates the policies that generated
+    training iteration x's rollouts.
     """
     records = read_metrics(metrics) if isinstance(metrics, (str, os.PathLike)) else list(metrics)
     out_dir = ensure_dir(out_dir)
-    rows = sorted((flatten(record) for record in records), key=lambda row: row.get("iteration", 0))
-    if not rows:
+    rows = sorted((flatten(record) for record in iteration_records(records)), key=lambda row: row.get("iteration", 0))
+    evals = sorted((flatten(record) for record in eval_records(records)), key=lambda row: row.get("iteration", 0))
+    if not rows and not evals:
         return []
     iterations = np.array([row.get("iteration", index) for index, row in enumerate(rows)], dtype=float)
-    agents = sorted({match.group(1) for row in rows for key in row if (match := _AGENT_KEY.match(key))})
+    agents = sorted({match.group(1) for row in (*rows, *evals) for key in row if (match := _AGENT_KEY.match(key))})
     colors = agent_colors(agents)
     written = []
 
     panels = [("reward", "team_reward", "Reward"), ("accuracy", "team_accuracy", "Accuracy")]
-    if any(
+    if evals or any(
         _series(rows, team) is not None or _agent_series(rows, agents, metric) for metric, team, _ in panels
     ):
         with rc_context(STYLE):
-            figure = Figure(figsize=(12, 4.2), layout="constrained")
-            for axes, (metric, team_key, title) in zip(figure.subplots(1, 2), panels, strict=True):
+            figure = Figure(figsize=(18 if evals else 12, 4.2), layout="constrained")
+            all_axes = figure.subplots(1, 3 if evals else 2)
+            if evals:  # training and held-out accuracy on one scale, one iteration axis
+                all_axes[2].sharex(all_axes[1])
+                all_axes[2].sharey(all_axes[1])
+            for axes, (metric, team_key, title) in zip(all_axes, panels, strict=False):
                 _draw_metric(axes, iterations, rows, agents, colors, metric, team_key)
-                axes.set_title(f"{title} per iteration")
+                axes.set_title(f"{title} per iteration" + (" (training rollouts)" if evals else ""))
                 axes.set_xlabel("iteration")
                 axes.set_ylabel(metric)
+            if evals:
+                _draw_eval(all_axes[2], evals, iterations, rows, agents, colors)
             figure.suptitle("Learning curves", fontweight="bold")
             written.append(save_figure(figure, out_dir / "curves.png"))
 
@@ -109,6 +122,32 @@ def _draw_metric(axes, iterations, rows, agents, colors, metric: str, team_key: 
     team = _series(rows, team_key) if team_key else None
     if team is not None:
         axes.plot(iterations, team, marker=marker, markersize=4, linewidth=2.4, color="black", label="team")
+    if axes.has_data():
+        axes.legend(loc="best")
+    else:
+        draw_no_data(axes)
+    axes.xaxis.get_major_locator().set_params(integer=True)
+
+
+def _draw_eval(axes, evals: list[dict], iterations, rows: list[dict], agents, colors) -> None:
+    """Held-out eval per evaluation: greedy team accuracy, pass@k and sampled accuracy, each agent's greedy
+    accuracy, and the training rollouts' team accuracy for comparison."""
+    steps = np.array([row.get("iteration", index) for index, row in enumerate(evals)], dtype=float)
+    k = next((int(row["eval_k"]) for row in evals if isinstance(row.get("eval_k"), (int, float))), None)
+    for agent, values in _agent_series(evals, agents, "eval_accuracy").items():
+        axes.plot(steps, values, marker="o", markersize=3, linewidth=1.2, color=colors[agent], label=agent)
+    for key, label, style in (("eval_pass_at_k", f"team pass@{k}", "--"),
+                              ("eval_sampled_accuracy", "team sampled", ":"),
+                              ("eval_team_accuracy", "team greedy", "-")):
+        values = _series(evals, key)
+        if values is not None:
+            axes.plot(steps, values, style, marker="o", markersize=4, linewidth=2.4, color="black", label=label)
+    train = _series(rows, "team_accuracy")
+    if train is not None:
+        axes.plot(iterations, train, linewidth=1.0, color="#969696", alpha=0.8, label="team (training rollouts)")
+    axes.set_title("Held-out eval")
+    axes.set_xlabel("iteration (policy version)")
+    axes.set_ylabel("accuracy")
     if axes.has_data():
         axes.legend(loc="best")
     else:

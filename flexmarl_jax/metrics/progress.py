@@ -1,5 +1,6 @@
 """Training progress on the console: a rich progress bar with ETA on a terminal, one line per iteration
-otherwise (CI logs), and an end-of-run summary table built from the metrics records."""
+otherwise (CI logs), a line per held-out evaluation, and an end-of-run summary table built from the metrics
+records (training iterations and evaluations)."""
 
 from __future__ import annotations
 
@@ -20,12 +21,15 @@ from rich.progress import (
 from rich.table import Table
 
 from flexmarl_jax.metrics.jsonable import numeric_items
-from flexmarl_jax.metrics.writer import read_metrics
+from flexmarl_jax.metrics.writer import eval_records, is_eval_metric, iteration_records, read_metrics
 
 DEFAULT_POSTFIX_KEYS = ("team_accuracy", "e2e_s", "tokens_per_s")
 _SHORT_NAMES = {"team_accuracy": "acc", "team_reward": "reward", "e2e_s": "e2e", "tokens_per_s": "tok/s"}
 _SUMMARY_FIRST = (
     "team_accuracy",
+    "eval_team_accuracy",
+    "eval_pass_at_k",
+    "eval_sampled_accuracy",
     "team_reward",
     "e2e_s",
     "rollout_s",
@@ -84,6 +88,7 @@ class IterationProgress:
         self.completed = initial
         self._initial = initial
         self._postfix_keys = tuple(postfix_keys)
+        self._last_eval: float | None = None  # the latest eval_team_accuracy, shown after the postfix
         self._console = console or Console(file=sys.stdout)
         self._started = time.monotonic()
         self._progress: Progress | None = None
@@ -118,16 +123,34 @@ class IterationProgress:
             self._progress.stop()
 
     def postfix(self, record: Mapping[str, Any] | None) -> str:
-        """`acc 0.412 | e2e 12.3` from the record's values for `postfix_keys` (missing keys skipped)."""
-        if not record:
-            return ""
-        numbers = numeric_items(record)
+        """`acc 0.412 | e2e 12.3 | eval 0.350` from the record's values for `postfix_keys` (missing keys
+        skipped) and the latest held-out eval accuracy (`report_eval`)."""
+        numbers = numeric_items(record) if record else {}
         parts = [
             f"{_SHORT_NAMES.get(key, key)} {format_number(numbers[key])}"
             for key in self._postfix_keys
             if key in numbers
         ]
+        if self._last_eval is not None:
+            parts.append(f"eval {format_number(self._last_eval)}")
         return " | ".join(parts)
+
+    def report_eval(self, record: Mapping[str, Any]) -> None:
+        """Shows a held-out eval record: one line (above the bar on a terminal), and its greedy team accuracy
+        in the postfix from now on."""
+        accuracy = record.get("eval_team_accuracy")
+        self._last_eval = accuracy if isinstance(accuracy, (int, float)) else None
+        parts = [f"eval after {record.get('iteration')} iterations"]
+        for key, name in (("eval_team_accuracy", "greedy acc"), ("eval_pass_at_k", f"pass@{record.get('eval_k')}"),
+                          ("eval_sampled_accuracy", "sampled acc")):
+            if isinstance(record.get(key), (int, float)):
+                parts.append(f"{name} {format_number(record[key])}")
+        parts.append(f"{record.get('eval_problems')} problems")
+        line = " | ".join(parts)
+        if self._progress is not None:
+            self._progress.console.print(line, markup=False, highlight=False)
+        else:
+            print(line, file=self._console.file, flush=True)
 
     def eta_seconds(self) -> float | None:
         """Remaining time from the mean time per iteration done in this process; None before the first."""
@@ -155,21 +178,25 @@ class IterationProgress:
 
 
 def summary_table(records: Sequence[Mapping[str, Any]]) -> Table:
-    """A rich table: one row per numeric metric with first, last, min, max and mean over the iterations.
+    """A rich table: one row per numeric metric with first, last, min, max and mean over the iterations (an
+    eval metric: over the evaluations).
 
-    Run-level metrics come first (accuracy, reward, times, throughput, utilization), then per-agent ones.
-    Per-resource utilization rows are left out (they are in metrics.jsonl).
+    Run-level metrics come first (accuracy, held-out eval accuracy, reward, times, throughput, utilization),
+    then per-agent ones. Per-resource utilization rows are left out (they are in metrics.jsonl).
     """
-    rows = [numeric_items(record) for record in records]
+    rows = [numeric_items(record) for record in iteration_records(records)]
+    evals = [{key: value for key, value in numeric_items(record).items() if is_eval_metric(key)}
+             for record in eval_records(records)]
     iterations = [int(row["iteration"]) for row in rows if "iteration" in row]
     span = f"iterations {min(iterations)}..{max(iterations)}" if iterations else "no iterations"
-    table = Table(title=f"Run summary ({len(rows)} records, {span})", title_style="bold")
+    held_out = f"; {len(evals)} evals" if evals else ""
+    table = Table(title=f"Run summary ({len(rows)} records, {span}{held_out})", title_style="bold")
     table.add_column("metric", style="cyan", no_wrap=True)
     for column in ("first", "last", "min", "max", "mean"):
         table.add_column(column, justify="right")
 
     keys: dict[str, None] = {}
-    for row in rows:
+    for row in (*rows, *evals):
         keys.update(dict.fromkeys(row))
     keys.pop("iteration", None)
     keys = {key: None for key in keys if not key.startswith("utilization/resources/")}
@@ -182,7 +209,7 @@ def summary_table(records: Sequence[Mapping[str, Any]]) -> Table:
         return (1, 0, key)
 
     for key in sorted(keys, key=order):
-        values = [row[key] for row in rows if key in row]
+        values = [row[key] for row in (evals if is_eval_metric(key) else rows) if key in row]
         table.add_row(
             key,
             format_number(values[0]),

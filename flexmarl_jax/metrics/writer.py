@@ -1,8 +1,11 @@
 """Per-iteration metrics to `<workdir>/metrics.jsonl` and TensorBoard event files in `<workdir>/tensorboard/`.
 
-One JSON object per line, one line per iteration. The writer is resume-safe: on open it reads the lines
-already there, drops a torn last line (a run killed mid-write leaves one) and never writes an iteration
-twice, so a resumed run that repeats an iteration keeps the first record of it.
+One JSON object per line. Two kinds of records: one per training iteration (no `kind` key, or
+`"kind": "iteration"`), and one per held-out evaluation (`"kind": "eval"`, whose `iteration` is the number of
+iterations done, i.e. the policy version evaluated; see orchestrator/evaluation.py). Readers that want one
+kind filter with `iteration_records` / `eval_records`. The writer is resume-safe: on open it reads the lines
+already there, drops a torn last line (a run killed mid-write leaves one) and never writes a record of one
+kind and iteration twice, so a resumed run that repeats an iteration keeps the first record of it.
 """
 
 from __future__ import annotations
@@ -11,7 +14,7 @@ import json
 import logging
 import os
 import threading
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -21,6 +24,29 @@ logger = logging.getLogger(__name__)
 
 METRICS_FILENAME = "metrics.jsonl"
 TENSORBOARD_DIRNAME = "tensorboard"
+ITERATION_KIND = "iteration"  # a training iteration's record (records without a `kind` key are these)
+EVAL_KIND = "eval"  # a held-out evaluation's record
+EVAL_PREFIX = "eval_"  # the metrics of an eval record (`eval_team_accuracy`, `agent/<name>/eval_accuracy`)
+
+
+def record_kind(record: Mapping[str, Any]) -> str:
+    """ITERATION_KIND or EVAL_KIND (or another kind a caller wrote)."""
+    return record.get("kind", ITERATION_KIND)
+
+
+def iteration_records(records: Sequence[Mapping[str, Any]]) -> list[Mapping[str, Any]]:
+    """The training iterations' records, in file order."""
+    return [record for record in records if record_kind(record) == ITERATION_KIND]
+
+
+def eval_records(records: Sequence[Mapping[str, Any]]) -> list[Mapping[str, Any]]:
+    """The held-out evaluations' records, in file order."""
+    return [record for record in records if record_kind(record) == EVAL_KIND]
+
+
+def is_eval_metric(tag: str) -> bool:
+    """Whether a flattened tag is an eval metric (`eval_pass_at_k`, `agent/solver/eval_accuracy`)."""
+    return tag.rsplit("/", 1)[-1].startswith(EVAL_PREFIX)
 
 
 def read_metrics(path: str | os.PathLike[str]) -> list[dict[str, Any]]:
@@ -42,14 +68,15 @@ def read_metrics(path: str | os.PathLike[str]) -> list[dict[str, Any]]:
 
 
 class MetricsWriter:
-    """Appends one record per iteration to `metrics.jsonl` and to TensorBoard. Thread-safe.
+    """Appends one record per iteration (and per evaluation) to `metrics.jsonl` and to TensorBoard. Thread-safe.
 
     Args:
       workdir: run directory (created if missing).
       tensorboard: also write TensorBoard scalars (flattened tags like `agent/solver/reward`).
 
     Each record must hold an integer `iteration`. Nested dicts are kept nested in the JSONL and flattened
-    to `/`-joined tags in TensorBoard; numpy / JAX scalars and arrays are converted; NaN/inf become null.
+    to `/`-joined tags in TensorBoard (an eval record contributes its eval metrics only, at step `iteration`);
+    numpy / JAX scalars and arrays are converted; NaN/inf become null.
     """
 
     def __init__(self, workdir: str | os.PathLike[str], *, tensorboard: bool = True):
@@ -59,7 +86,7 @@ class MetricsWriter:
         self._lock = threading.Lock()
         self._repair_torn_tail()
         self.records: list[dict[str, Any]] = read_metrics(self.path)
-        self._iterations = {record.get("iteration") for record in self.records}
+        self._written = {(record_kind(record), record.get("iteration")) for record in self.records}
         self._tensorboard = None
         if tensorboard:
             from tensorboardX import SummaryWriter  # lazy: importing it costs ~0.5 s
@@ -68,15 +95,18 @@ class MetricsWriter:
 
     @property
     def last_iteration(self) -> int | None:
-        """The highest iteration already written (from this run or an earlier one), or None."""
-        iterations = [iteration for iteration in self._iterations if isinstance(iteration, int)]
+        """The highest training iteration already written (from this run or an earlier one), or None."""
+        iterations = [iteration for kind, iteration in self._written
+                      if kind == ITERATION_KIND and isinstance(iteration, int)]
         return max(iterations, default=None)
 
-    def has_iteration(self, iteration: int) -> bool:
-        return iteration in self._iterations
+    def has_iteration(self, iteration: int, kind: str = ITERATION_KIND) -> bool:
+        """Whether a record of `kind` for `iteration` was written."""
+        return (kind, iteration) in self._written
 
     def write(self, record: Mapping[str, Any]) -> bool:
-        """Append `record` (must hold an int `iteration`); False if that iteration was already written."""
+        """Append `record` (must hold an int `iteration`); False if a record of its kind and iteration was
+        already written."""
         plain = to_jsonable(record)
         iteration = plain.get("iteration")
         if isinstance(iteration, bool) or not isinstance(iteration, int):
@@ -85,21 +115,22 @@ class MetricsWriter:
                 f"keys given: {sorted(plain)}"
             )
         line = json.dumps(plain, separators=(",", ":"), allow_nan=False) + "\n"
+        kind = record_kind(plain)
         with self._lock:
-            if iteration in self._iterations:
+            if (kind, iteration) in self._written:
                 logger.info(
-                    "metrics for iteration %d already in %s; not writing it again", iteration, self.path
+                    "%s metrics for iteration %d already in %s; not writing them again", kind, iteration, self.path
                 )
                 return False
             with open(self.path, "a", encoding="utf-8") as file:
                 file.write(line)
                 file.flush()
                 os.fsync(file.fileno())
-            self._iterations.add(iteration)
+            self._written.add((kind, iteration))
             self.records.append(plain)
             if self._tensorboard is not None:
                 for tag, value in numeric_items(plain).items():
-                    if tag != "iteration":
+                    if tag != "iteration" and (kind == ITERATION_KIND or is_eval_metric(tag)):
                         self._tensorboard.add_scalar(tag, value, global_step=iteration)
                 self._tensorboard.flush()
         return True

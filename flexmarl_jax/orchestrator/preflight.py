@@ -20,7 +20,13 @@ from flexmarl_jax.config import ConfigError, RunConfig
 from flexmarl_jax.config.memory import check_team_fits
 from flexmarl_jax.models.sources import ModelSource
 from flexmarl_jax.workflows import Task, Workflow
-from flexmarl_jax.workflows.from_config import task_from_config, team_agents, workflow_from_config
+from flexmarl_jax.workflows.from_config import (
+    split_task_from_config,
+    task_from_config,
+    team_agents,
+    workflow_from_config,
+)
+from flexmarl_jax.workflows.splits import EVAL_PROBLEMS_SEED, TrainEvalSplit
 
 # Generated tasks make problems on the fly; this many of them stand for the rest in the prompt check. A file's
 # problems are all checked.
@@ -29,7 +35,8 @@ GENERATED_PROBLEMS_CHECKED = 512
 
 @dataclasses.dataclass(frozen=True)
 class Preflight:
-    """What the checks built, for the run to reuse: each agent's model source, the workflow and the task."""
+    """What the checks built, for the run to reuse: each agent's model source, the workflow and the task (with
+    `eval.enabled`, its `TrainEvalSplit`: `generate` draws training problems, `eval_problems` the eval list)."""
 
     sources: dict[str, ModelSource]
     workflow: Workflow
@@ -45,6 +52,8 @@ def preflight(config: RunConfig) -> Preflight:
         task = task_from_config(config.workflow)
     except (ValueError, OSError) as error:  # a data file that is missing or has a bad line
         raise ConfigError(f"config.workflow.task={config.workflow.task!r}: {error}") from None
+    # Training and warm-up draw from the split's train side only (RunConfig's check made sure both sides exist).
+    task = split_task_from_config(config.workflow, config.eval, task)
     if workflow.chat and config.workflow.warmup_steps > 0:
         raise ConfigError(f"config.workflow.warmup_steps={config.workflow.warmup_steps}: the warm-up teaches "
                           "character-level presets an answer format; chat prompts go to chat checkpoints, which "
@@ -80,13 +89,12 @@ def check_context_length(config: RunConfig, sources: Mapping[str, ModelSource]) 
 
 def check_first_turn_prompts(config: RunConfig, workflow: Workflow, task: Task,
                              sources: Mapping[str, ModelSource]) -> None:
-    """Renders every root node's prompt for the task's problems (every line of a file) with the node's agent's
-    tokenizer; the first one longer than `rollout.max_prompt_length` is a ConfigError naming it."""
+    """Renders every root node's prompt for the task's problems (every line of a file, and every eval problem)
+    with the node's agent's tokenizer; the first one longer than `rollout.max_prompt_length` is a ConfigError
+    naming it."""
     from flexmarl_jax.rollout.backend import encode_prompt
 
-    records = getattr(task, "records", None)
-    count = len(records) if records is not None else GENERATED_PROBLEMS_CHECKED
-    problems = task.generate(count, seed=config.seed)
+    problems = first_turn_problems(config, task)
     limit = config.rollout.max_prompt_length
     for node in workflow.roots():
         agent = workflow.nodes[node].agent
@@ -94,7 +102,27 @@ def check_first_turn_prompts(config: RunConfig, workflow: Workflow, task: Task,
         for problem in problems:
             length = len(encode_prompt(tokenizer, workflow.render_prompt(node, problem.prompt, {})))
             if length > limit:
-                where = f"line {problem.meta['line']} of {task.path}" if "line" in problem.meta else problem.input_id
+                how = "the chat template" if workflow.nodes[node].system else "tokenising"
                 raise ConfigError(f"config.rollout.max_prompt_length={limit} is too short: the first-turn prompt "
-                                  f"of node {node!r} (agent {agent!r}) for {where} has {length} tokens after "
-                                  f"{'the chat template' if workflow.nodes[node].system else 'tokenising'}")
+                                  f"of node {node!r} (agent {agent!r}) for {_where(problem, task)} has {length} "
+                                  f"tokens after {how}")
+
+
+def first_turn_problems(config: RunConfig, task: Task) -> list:
+    """The problems whose prompts the run may send: every line of a file (GENERATED_PROBLEMS_CHECKED draws of a
+    generated task) and, with a held-out split, the eval problems."""
+    split = task if isinstance(task, TrainEvalSplit) else None
+    source = split.task if split is not None else task
+    records = getattr(source, "records", None)
+    problems = source.generate(len(records) if records is not None else GENERATED_PROBLEMS_CHECKED, seed=config.seed)
+    if split is not None:
+        problems += split.eval_problems(config.eval.problems, seed=EVAL_PROBLEMS_SEED)
+    return problems
+
+
+def _where(problem, task: Task) -> str:
+    """"line 3 of data.jsonl" for a file's problem, else its input id."""
+    if "line" not in problem.meta:
+        return problem.input_id
+    path = problem.meta.get("file") or getattr(getattr(task, "task", task), "path", "the task file")
+    return f"line {problem.meta['line']} of {path}"

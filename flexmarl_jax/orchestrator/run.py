@@ -24,6 +24,7 @@ from flexmarl_jax.orchestrator.agents import (
     trainers_of,
     training_slice_meshes,
 )
+from flexmarl_jax.orchestrator.evaluation import TeamEvaluator, evaluation_due
 from flexmarl_jax.orchestrator.journal import RunJournal
 from flexmarl_jax.orchestrator.pipeline import JointOrchestrator, PipelineSettings
 from flexmarl_jax.orchestrator.preflight import Preflight, preflight
@@ -36,6 +37,8 @@ from flexmarl_jax.train.checkpoint import CHECKPOINT_DIR, restore_trainer, save_
 from flexmarl_jax.transfer import StateStore
 from flexmarl_jax.workflows import Task, Workflow
 from flexmarl_jax.workflows.from_config import team_agents
+from flexmarl_jax.workflows.splits import EVAL_PROBLEMS_SEED
+from flexmarl_jax.workflows.warmup_data import WARMUP_KINDS
 
 logger = logging.getLogger(__name__)
 
@@ -112,7 +115,7 @@ def _restore_or_warm_up(config: RunConfig, runtimes: Mapping[str, AgentRuntime],
 
     Resuming (``common``: the newest policy version every agent has a checkpoint of), every agent is
     restored at that version. Otherwise, with `workflow.warmup_steps`, every agent takes its supervised
-    format warm-up (saved as the checkpoint of version 0)."""
+    warm-up of kind `workflow.warmup` on training problems (saved as the checkpoint of version 0)."""
     trainers = trainers_of(runtimes)
     checkpoint_root = os.path.join(config.workdir, CHECKPOINT_DIR)
     if common is not None:
@@ -123,8 +126,10 @@ def _restore_or_warm_up(config: RunConfig, runtimes: Mapping[str, AgentRuntime],
         logger.info("resumed from %s at policy version %d", checkpoint_root, common)
         return common
     if config.workflow.warmup_steps > 0:
-        examples = warmup_examples(workflow, task, queries=256, samples_per_query=1, accuracy=0.2,
+        # `task` draws training problems only (preflight's TrainEvalSplit): warm-up never sees an eval problem.
+        examples = warmup_examples(workflow, task, kind=config.workflow.warmup, queries=256, samples_per_query=1,
                                    seed=config.seed)
+        logger.info("warm-up (%s): %s", config.workflow.warmup, WARMUP_KINDS[config.workflow.warmup].teaches)
         run_warmup(runtimes, examples, steps=config.workflow.warmup_steps, seed=config.seed)
         save_all(trainers, checkpoint_root)
     return 0
@@ -183,8 +188,25 @@ def _begin_attempt(orchestrator: JointOrchestrator, journal: RunJournal, iterati
         logger.info("redoing iteration %d (attempt %d); dropped %d unapplied rows", iteration, previous, dropped)
 
 
+def build_evaluator(config: RunConfig, orchestrator: JointOrchestrator) -> TeamEvaluator | None:
+    """The held-out evaluator of a run (None with `eval.enabled=False`): the orchestrator's workflow, backend
+    and sampling on the task split's fixed eval list."""
+    if not config.eval.enabled:
+        return None
+    problems = orchestrator.task.eval_problems(config.eval.problems, seed=EVAL_PROBLEMS_SEED)
+    if len(problems) < config.eval.problems:
+        logger.warning("the eval split has %d distinct problems; eval.problems=%d asks for more", len(problems),
+                       config.eval.problems)
+    return TeamEvaluator(orchestrator.workflow, orchestrator.backend, problems, orchestrator.task.verify,
+                         orchestrator.sampling, samples=config.eval.samples)
+
+
 def run_training(config: RunConfig) -> int:
-    """Runs `config.iterations` iterations (resuming from the workdir); returns a process exit code."""
+    """Runs `config.iterations` iterations (resuming from the workdir); returns a process exit code.
+
+    With `eval.enabled`, the team is evaluated on the held-out problems after warm-up (before the first update),
+    after every `eval.every` iterations and after the last one (`evaluation.evaluation_due`); an evaluation
+    already in metrics.jsonl (a resumed run) is not repeated."""
     checked = preflight(config)  # models, prompts and memory checked before anything is written
     workdir = config.workdir
     os.makedirs(workdir, exist_ok=True)
@@ -197,8 +219,20 @@ def run_training(config: RunConfig) -> int:
     writer = metrics.MetricsWriter(workdir)
     journal = RunJournal(workdir)
     journal.settle(store, writer, start)
+    evaluator = build_evaluator(config, orchestrator)
+
+    def evaluate_if_due(step: int, progress: metrics.IterationProgress) -> None:
+        """Evaluates the policies after `step` iterations when an eval is due and not yet recorded."""
+        if evaluator is None or writer.has_iteration(step, kind=metrics.EVAL_KIND):
+            return
+        if evaluation_due(step, every=config.eval.every, iterations=config.iterations):
+            record = evaluator.evaluate(step, orchestrator.versions())
+            writer.write(record)
+            progress.report_eval(record)
+
     try:
         with metrics.IterationProgress(total=config.iterations, initial=start) as progress:
+            evaluate_if_due(start, progress)  # the start of RL: after warm-up (or where a resumed run stopped)
             for iteration in range(start, config.iterations):
                 if config.store.backend == "file":
                     _begin_attempt(orchestrator, journal, iteration)
@@ -207,6 +241,7 @@ def run_training(config: RunConfig) -> int:
                 journal.iteration_logged()
                 timeline.save(workdir)
                 progress.advance(record)
+                evaluate_if_due(iteration + 1, progress)  # on the weights the iteration's update synced
     finally:
         rollout.shutdown()
         store.close()

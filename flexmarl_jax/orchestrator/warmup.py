@@ -1,10 +1,8 @@
-"""A short supervised warm-up that teaches each agent its output format, not the task.
+"""A short supervised warm-up before RL: each agent is fitted to (prompt -> completion) examples.
 
-Randomly initialised tiny models emit noise, so RL would first spend many iterations discovering that an
-answer is a few digits followed by EOS. The warm-up runs the workflow with scripted policies that answer
-in the right format but are right only `accuracy` of the time, and fits every agent to what it said there
-(prompt -> completion) for a few steps. The policy that RL starts from is thus well-formed and not already
-good; the first RL iteration's accuracy is the baseline that training must improve on.
+The examples come from `workflows.warmup_data.warmup_examples`: a scripted run of the workflow on training
+problems only, whose answers teach the output format alone (`format`) or right answers (`sft`); see there.
+The start-of-RL eval (orchestrator/evaluation.py) measures what the warm-up left.
 
 The supervised step reuses the agent's trainer: a policy-gradient step with advantage 1 on the current
 policy's own log-probs is exactly the gradient of the mean log-likelihood.
@@ -14,7 +12,6 @@ from __future__ import annotations
 
 import logging
 import random
-import zlib
 from collections.abc import Mapping
 from typing import TYPE_CHECKING
 
@@ -23,36 +20,14 @@ import numpy as np
 from flexmarl_jax.train.batch import build_micro_batch
 from flexmarl_jax.train.normalizers import IterationNormalizers
 from flexmarl_jax.train.trainer import AgentTrainer
-from flexmarl_jax.workflows import InMemorySink, SamplingParams, ScriptedBackend, Task, Workflow, WorkflowExecutor
-from flexmarl_jax.workflows.oracles import PromptOracle, answer_policy, chain_policies
+from flexmarl_jax.workflows.warmup_data import warmup_examples
 
 if TYPE_CHECKING:
     from flexmarl_jax.orchestrator.agents import AgentRuntime
 
 logger = logging.getLogger(__name__)
 
-
-def warmup_examples(workflow: Workflow, task: Task, *, queries: int, samples_per_query: int, accuracy: float,
-                    seed: int) -> dict[str, list[tuple[str, str]]]:
-    """agent -> [(prompt, completion)] from a scripted run of the workflow with format-correct answers."""
-    problems = task.generate(queries, seed=zlib.crc32(f"warmup/{seed}".encode()))
-    if workflow.name == "chain":
-        roles = [workflow.nodes[name].agent for name in ("solver", "verifier", "corrector")]
-        by_role = chain_policies(problems, task.verify, solver_accuracy=accuracy, verifier_accuracy=0.5,
-                                 corrector_accuracy=accuracy)
-        policies = dict(zip(roles, by_role.values(), strict=True))
-    else:
-        policy = answer_policy(PromptOracle(problems), accuracy)
-        policies = {agent: policy for agent in workflow.agents}
-    sink = InMemorySink()
-    with ScriptedBackend(policies, seed=seed) as backend:
-        executor = WorkflowExecutor(workflow, backend, task, samples_per_query=samples_per_query,
-                                    sampling=SamplingParams(max_new_tokens=64))
-        executor.run(problems, sink)
-    examples: dict[str, list[tuple[str, str]]] = {agent: [] for agent in workflow.agents}
-    for (agent, _), record in sorted(sink.records.items()):
-        examples[agent].append((record.prompt, record.text))
-    return examples
+__all__ = ["run_warmup", "supervised_step", "warmup_examples"]
 
 
 def supervised_step(trainer: AgentTrainer, pairs: list[tuple[list[int], list[int]]], *, pad_id: int) -> dict:

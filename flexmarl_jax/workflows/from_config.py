@@ -10,6 +10,8 @@ Pure Python (no JAX), so config validation can build both once and report their 
 - `config.workflow.task_options.<task>`: keyword arguments of each task's constructor; only the section of
   the selected task is read (`jsonl` for a `.jsonl` path), so switching `workflow.task` on the command line
   uses that task's own options or defaults.
+- `config.eval` (enabled, fraction, file): the task's held-out split (`splits.TrainEvalSplit`); a run draws its
+  training and warm-up problems from `split_task_from_config`, never from the bare task.
 """
 
 from __future__ import annotations
@@ -24,7 +26,7 @@ from flexmarl_jax.workflows.graph import Workflow
 from flexmarl_jax.workflows.tasks import TASK_BUILDERS, Task, resolve_task
 
 if TYPE_CHECKING:
-    from flexmarl_jax.config.schema import WorkflowConfig
+    from flexmarl_jax.config.schema import EvalConfig, WorkflowConfig
 
 # The config file each built-in workflow ships with: where to start when switching workflows.
 SHIPPED_CONFIGS = {
@@ -69,6 +71,18 @@ def task_from_config(workflow_config: WorkflowConfig) -> Task:
     """The task `config.workflow.task` names, with its own section of `config.workflow.task_options`."""
     options = workflow_config.task_options.get(task_key(workflow_config.task), {})
     return resolve_task(workflow_config.task, **thaw(options))
+
+
+def split_task_from_config(workflow_config: WorkflowConfig, eval_config: EvalConfig, task: Task | None = None) -> Task:
+    """The task a run trains on: with `eval.enabled`, a `TrainEvalSplit` of it (`eval.file` for a .jsonl task,
+    else `eval.fraction` of its problem contents held out); otherwise the bare task (`task`, if already built).
+    Raises `splits.EmptySplit` (a ValueError) when a side would be empty."""
+    from flexmarl_jax.workflows.splits import TrainEvalSplit
+
+    task = task_from_config(workflow_config) if task is None else task
+    if not eval_config.enabled:
+        return task
+    return TrainEvalSplit(task, eval_fraction=eval_config.fraction, eval_file=eval_config.file or None)
 
 
 def team_agents(workflow_config: WorkflowConfig) -> tuple[str, ...]:

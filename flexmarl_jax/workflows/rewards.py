@@ -77,3 +77,15 @@ def successful_fix(answer_node: str) -> Callable[[str, TrajectoryContext], float
         return float(context.is_correct(node) and not context.is_correct(answer_node))
 
     return score
+
+
+def call_is_right(workflow: Workflow, node: str, context: TrajectoryContext) -> bool:
+    """Whether one call did its job: a verdict node ("verdict" parser) said "Y" to an answer that verifies or
+    "N" to one that does not (the answer of its first upstream node that is not a verdict); any other node's
+    own answer verifies. What warm-up's `sft` keeps and an agent's eval accuracy counts."""
+    if node not in context.outputs:
+        return False
+    if workflow.nodes[node].parser == "verdict":
+        judged = [upstream for upstream in workflow.upstream[node] if workflow.nodes[upstream].parser != "verdict"]
+        return bool(judged) and bool(judgement_correct(judged[0])(node, context))
+    return context.is_correct(node)

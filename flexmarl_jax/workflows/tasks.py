@@ -16,7 +16,7 @@ import random
 import string
 from collections.abc import Callable, Mapping
 from fractions import Fraction
-from typing import Any, Protocol
+from typing import Any, Protocol, runtime_checkable
 
 from flexmarl_jax.workflows import verifiers
 
@@ -37,6 +37,14 @@ class Task(Protocol):
     def generate(self, count: int, *, seed: int) -> list[Problem]: ...
 
     def verify(self, problem: Problem, answer: str | None) -> bool: ...
+
+
+@runtime_checkable
+class CanonicalContent(Protocol):
+    """A task whose problems can be one problem under several prompts ("3+4=" and "4+3="): `content_key` names
+    the problem itself, so that a held-out split (splits.py) keeps every prompt of it on one side."""
+
+    def content_key(self, problem: Problem) -> str: ...
 
 
 def make_input_id(task_name: str, seed: int, index: int) -> str:
@@ -107,6 +115,16 @@ class ArithmeticTask:
 
     def verify(self, problem: Problem, answer: str | None) -> bool:
         return verifiers.numeric_match(answer, problem.answer)
+
+    def content_key(self, problem: Problem) -> str:
+        """The sum or product with its operands in order ("4+3=" is "3+4="); a difference as written."""
+        meta = problem.meta
+        if {"left", "right", "operator"} - set(meta):
+            return problem.prompt  # not one of this task's problems
+        left, right, operator = meta["left"], meta["right"], meta["operator"]
+        if operator in "+*":
+            left, right = sorted((left, right))
+        return f"{left}{operator}{right}="
 
 
 @dataclasses.dataclass(frozen=True)
@@ -180,6 +198,13 @@ class CountdownTask:
 
     def verify(self, problem: Problem, answer: str | None) -> bool:
         return verifiers.countdown_match(answer, problem.meta["numbers"], problem.meta["target"])
+
+    def content_key(self, problem: Problem) -> str:
+        """The numbers in order and the target: "7 3 5>22:" is "3 5 7>22:"."""
+        meta = problem.meta
+        if {"numbers", "target"} - set(meta):
+            return problem.prompt
+        return " ".join(map(str, sorted(meta["numbers"]))) + f">{meta['target']}:"
 
 
 @dataclasses.dataclass(frozen=True)

@@ -20,7 +20,13 @@ SMALL_RUN = ("--config.iterations=2", "--config.workflow.queries_per_iteration=2
              "--config.workflow.samples_per_query=4", "--config.train.micro_batch_size=8",
              "--config.workflow.warmup_steps=0", "--config.rollout.max_prompt_length=192",
              "--config.rollout.max_response_length=16", "--config.rollout.decode_slots=8",
-             f"--config.workflow.task={SMOKE_DATA}", "--config.workflow.task_options.jsonl.verifier=math")
+             f"--config.workflow.task={SMOKE_DATA}", "--config.workflow.task_options.jsonl.verifier=math",
+             "--config.eval.problems=2", "--config.eval.samples=2")
+
+
+def _iterations(lines) -> list[dict]:
+    """The training iterations' records of metrics.jsonl lines (held-out eval records left out)."""
+    return [record for record in map(json.loads, lines) if record.get("kind", "iteration") == "iteration"]
 
 
 @pytest.fixture(scope="module")
@@ -38,7 +44,7 @@ def _train(workdir, spec: str, *extra: str) -> list[dict]:
                  *SMALL_RUN, *extra])
     assert code == 0
     with open(os.path.join(workdir, "metrics.jsonl")) as handle:
-        return [json.loads(line) for line in handle]
+        return _iterations(handle)
 
 
 def _prompts(workdir, agent: str, checkpoint: str) -> list[str]:
@@ -152,7 +158,7 @@ def test_cpu_smoke_recipe_trains_and_its_agents_export_to_transformers(tmp_path)
     workdir = tmp_path / "run"
     assert main(["train", "--config=configs/gsm8k_chain.py:cpu_smoke", f"--workdir={workdir}"]) == 0
     with open(workdir / "metrics.jsonl") as handle:
-        records = [json.loads(line) for line in handle]
+        records = _iterations(handle)
     # (random weights rarely say "No", and the corrector runs only then)
     _assert_trained(records, {"solver", "verifier", "corrector"}, called={"solver", "verifier"})
     out = tmp_path / "solver-hf"
@@ -181,7 +187,7 @@ def test_cpu_smoke_recipe_on_one_colocated_device(tmp_path):
                           env=env, capture_output=True, text=True, timeout=400)
     assert done.returncode == 0, done.stderr[-3000:]
     with open(tmp_path / "run" / "metrics.jsonl") as handle:
-        records = [json.loads(line) for line in handle]
+        records = _iterations(handle)
     assert [r["iteration"] for r in records] == [0, 1]
     assert set(records[-1]["policy_version"].values()) == {2}
     with open(tmp_path / "run" / "config.json") as handle:

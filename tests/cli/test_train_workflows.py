@@ -41,7 +41,11 @@ def _train(workdir, spec: str, mode: str, *extra: str) -> list[dict]:
                  "--config.store.backend=file", "--config.pipeline.debug_invariants=true", *extra])
     assert code == 0
     with open(os.path.join(workdir, "metrics.jsonl")) as handle:
-        return [json.loads(line) for line in handle]
+        records = [json.loads(line) for line in handle]
+    evals = [record for record in records if record.get("kind") == "eval"]
+    assert [record["iteration"] for record in evals] == [0, 2]  # held-out evals at the start and the end
+    assert all(record["eval_sampled_accuracy"] <= record["eval_pass_at_k"] for record in evals)
+    return [record for record in records if record.get("kind", "iteration") == "iteration"]
 
 
 def _check_store(workdir, records: list[dict]) -> None:

@@ -30,6 +30,10 @@ def _build(spec=None, overrides=None, devices=8) -> RunConfig:
     ({"train.max_staleness": "1", "train.tis_cap": "0.5"}, "config.train.tis_cap=0.5 must be >= 1"),
     ({"pipeline.deterministic": "true", "train.max_staleness": "1"},
      "config.pipeline.deterministic=True needs train.max_staleness=0, got 1"),
+    ({"eval.every": "0"}, "config.eval.every=0 must be >= 1"),
+    ({"eval.problems": "0"}, "config.eval.problems=0 must be a positive integer"),
+    ({"eval.fraction": "1.0"}, "config.eval.fraction=1.0 must be in [0, 1)"),
+    ({"workflow.warmup": "rl"}, "config.workflow.warmup='rl' is not allowed; choose one of: format, sft"),
     ({"pipeline.balance_delta": "0"}, "config.pipeline.balance_delta=0 must be a positive integer"),
     ({"rollout.min_instances_per_agent": "2"}, "min_instances_per_agent=2 exceeds rollout.instances_per_agent=1"),
     ({"rollout.max_retries": "-1"}, "config.rollout.max_retries=-1 must be >= 0"),
@@ -126,6 +130,36 @@ def test_bad_workflow_settings(overrides, fragment):
     assert "\n" not in str(error.value)
 
 
+@pytest.mark.parametrize("overrides, fragment", [
+    # The tiny task has 9 distinct problems (15 prompts): 1% holds out none of them, 99.9% all of them.
+    ({"eval.fraction": "0.01"}, "config.eval.fraction=0.01 leaves the eval split empty: none of the 9 distinct "
+                                "problems of task 'arithmetic' (in 8192 draws) is held out (raise eval.fraction)"),
+    ({"eval.fraction": "0.0"}, "config.eval.fraction=0.0 leaves the eval split empty"),
+    ({"eval.fraction": "0.999"}, "config.eval.fraction=0.999 leaves the train split empty: all 9 distinct "
+                                 "problems of task 'arithmetic' (in 8192 draws) are held out"),
+    ({"eval.file": "test.jsonl"}, "config.eval.file='test.jsonl' takes the eval problems of a .jsonl task, but "
+                                  "config.workflow.task='arithmetic' generates its problems"),
+])
+def test_an_empty_eval_split_is_an_error_naming_the_field(overrides, fragment):
+    with pytest.raises(ConfigError) as error:
+        _build(overrides=overrides)
+    assert fragment in str(error.value)
+    assert "\n" not in str(error.value)
+    _build(overrides={**overrides, "eval.enabled": "false"})  # no split, no eval: trains on every problem
+
+
+def test_eval_files_of_a_jsonl_task(tmp_path):
+    train = tmp_path / "train.jsonl"
+    train.write_text("".join(f'{{"prompt": "{i}+1=", "answer": "{i + 1}"}}\n' for i in range(20)))
+    held_out = tmp_path / "test.jsonl"
+    held_out.write_text('{"prompt": "7+1=", "answer": "8"}\n{"prompt": "70+1=", "answer": "71"}\n')
+    _build(overrides={"workflow.task": str(train), "eval.file": str(held_out)})
+    with pytest.raises(ConfigError, match=r"config.eval.file='.*train.jsonl' leaves the train split empty"):
+        _build(overrides={"workflow.task": str(train), "eval.file": str(train)})
+    with pytest.raises(ConfigError, match=r"config.eval.file='.*missing.jsonl': .*No such file"):
+        _build(overrides={"workflow.task": str(train), "eval.file": str(tmp_path / "missing.jsonl")})
+
+
 def test_task_options_belong_to_their_task():
     config = load_config()
     with config.unlocked():
@@ -156,7 +190,10 @@ def test_switching_the_task_to_a_jsonl_file(tmp_path):
 
     path = tmp_path / "sums.jsonl"
     path.write_text('{"prompt": "1+2=", "answer": "3"}\n')
-    config = _build(overrides={"workflow.task": str(path)})
+    # One problem cannot be split into train and eval problems.
+    with pytest.raises(ConfigError, match="none of the 1 distinct problems of task 'jsonl'"):
+        _build(overrides={"workflow.task": str(path)})
+    config = _build(overrides={"workflow.task": str(path), "eval.enabled": "false"})
     built = task_from_config(config.workflow)
     assert built.verifier_name == config.workflow.task_options["jsonl"]["verifier"] == "numeric"
     assert built.verify(built.generate(1, seed=0)[0], "3.0")

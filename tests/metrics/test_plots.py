@@ -122,3 +122,19 @@ def test_main_replots_a_workdir_and_rejects_an_empty_one(
     with pytest.raises(SystemExit):
         plots.main([str(tmp_path / "nothing-here")])
     assert "holds neither metrics.jsonl nor timeline.json" in capsys.readouterr().err
+
+
+def test_curves_put_the_held_out_evals_beside_the_training_curves(tmp_path):
+    records = [{"iteration": i, "team_accuracy": 0.1 * i, "agent": {"solver": {"accuracy": 0.12 * i}}}
+               for i in range(6)]
+    evals = [{"kind": "eval", "iteration": step, "eval_team_accuracy": 0.1 + 0.1 * step,
+              "eval_pass_at_k": 0.5 + 0.05 * step, "eval_sampled_accuracy": 0.2, "eval_k": 4,
+              "agent": {"solver": {"eval_accuracy": 0.1 * step}}} for step in (0, 3, 6)]
+    (without,) = plots.plot_curves(records, tmp_path / "train_only")
+    (with_evals,) = plots.plot_curves(records + evals, tmp_path / "with_evals")
+    assert_real_png(with_evals)
+    # A third panel, as wide as each of the other two.
+    width = image.imread(with_evals).shape[1] / image.imread(without).shape[1]
+    assert width == pytest.approx(1.5, abs=0.01)
+    (only_evals,) = plots.plot_curves(evals, tmp_path / "evals_only")  # e.g. a run stopped after its first eval
+    assert_real_png(only_evals)

@@ -93,3 +93,32 @@ def test_number_and_duration_formats():
     ]
     assert format_duration(3725.4) == "1:02:05"
     assert format_duration(-3) == "0:00:00"
+
+
+def test_an_eval_prints_a_line_and_joins_the_postfix():
+    output = io.StringIO()
+    console = Console(file=output, force_terminal=False)
+    with metrics.IterationProgress(total=2, console=console) as progress:
+        progress.report_eval({"kind": "eval", "iteration": 0, "eval_team_accuracy": 0.25, "eval_pass_at_k": 0.625,
+                              "eval_sampled_accuracy": 0.3, "eval_k": 8, "eval_problems": 200})
+        progress.advance({"iteration": 0, "team_accuracy": 0.5, "e2e_s": 2.0})
+    lines = output.getvalue().splitlines()
+    assert lines[0] == "eval after 0 iterations | greedy acc 0.250 | pass@8 0.625 | sampled acc 0.300 | 200 problems"
+    assert lines[1].startswith("iter 1/2 | acc 0.500 | e2e 2.000 | eval 0.250 | elapsed")
+
+
+def test_summary_table_summarises_evals_over_the_evals(synthetic_records):
+    evals = [{"kind": "eval", "iteration": step, "eval_team_accuracy": accuracy, "policy_version": {"solver": step},
+              "agent": {"solver": {"eval_accuracy": accuracy / 2}}}
+             for step, accuracy in ((0, 0.1), (6, 0.4), (12, 0.3))]
+    console = Console(file=io.StringIO(), width=160, record=True)
+    table = metrics.print_summary([evals[0], *synthetic_records, *evals[1:]], console=console)
+    text = console.export_text()
+    assert "Run summary (12 records, iterations 0..11; 3 evals)" in text
+    row = next(line for line in text.splitlines() if "eval_team_accuracy" in line)
+    assert [cell.strip() for cell in row.split("│")[2:7]] == ["0.100", "0.300", "0.100", "0.400", "0.267"]
+    names = table.columns[0]._cells
+    assert names[:2] == ["team_accuracy", "eval_team_accuracy"]
+    assert "agent/solver/eval_accuracy" in names
+    # The evals' other fields (their policy versions) do not mix into the iterations' rows.
+    assert not any(name.startswith("policy_version") for name in names)

@@ -151,3 +151,31 @@ def test_concurrent_writers_threads_write_each_iteration_once(tmp_path):
     assert results.count(True) == 40
     records = metrics.read_metrics(tmp_path)
     assert sorted(record["iteration"] for record in records) == list(range(40))
+
+
+def _eval_record(step: int, accuracy: float) -> dict:
+    return {"kind": metrics.EVAL_KIND, "iteration": step, "policy_version": {"solver": step},
+            "eval_team_accuracy": accuracy, "eval_pass_at_k": min(1.0, 2 * accuracy),
+            "agent": {"solver": {"eval_accuracy": accuracy}}}
+
+
+def test_eval_records_are_their_own_kind(tmp_path):
+    with metrics.MetricsWriter(tmp_path) as writer:
+        assert writer.write(_eval_record(0, 0.1))
+        for iteration in range(3):
+            assert writer.write({"iteration": iteration, "team_accuracy": 0.2 * iteration,
+                                 "policy_version": {"solver": iteration}})
+        assert writer.write(_eval_record(3, 0.4))
+        assert not writer.write(_eval_record(3, 0.9))  # one eval per step, as one record per iteration
+        assert writer.last_iteration == 2  # an eval record is not a trained iteration
+        assert writer.has_iteration(3, kind=metrics.EVAL_KIND) and not writer.has_iteration(3)
+    records = metrics.read_metrics(tmp_path)
+    assert [r["iteration"] for r in metrics.iteration_records(records)] == [0, 1, 2]
+    assert [(r["iteration"], r["eval_team_accuracy"]) for r in metrics.eval_records(records)] == [(0, 0.1), (3, 0.4)]
+    with metrics.MetricsWriter(tmp_path, tensorboard=False) as resumed:  # a resumed run sees both kinds
+        assert resumed.has_iteration(0, kind=metrics.EVAL_KIND) and resumed.last_iteration == 2
+    scalars = read_tensorboard_scalars(tmp_path / metrics.TENSORBOARD_DIRNAME)
+    assert scalars["eval_team_accuracy"] == {0: pytest.approx(0.1), 3: pytest.approx(0.4)}
+    assert scalars["agent/solver/eval_accuracy"] == {0: pytest.approx(0.1), 3: pytest.approx(0.4)}
+    # An eval record adds only its eval metrics: policy_version/solver keeps one value per trained iteration.
+    assert sorted(scalars["policy_version/solver"]) == [0, 1, 2]
