@@ -92,11 +92,29 @@ def test_chain_of_three_architectures_with_two_tokenizers(tmp_path, checkpoints)
 
 @pytest.mark.timeout(420)
 def test_debate_between_two_architectures_with_two_tokenizers(tmp_path, checkpoints):
-    records = _train(tmp_path, "configs/debate.py",
+    """Plain prompts this time, so the supervised format warm-up runs: its updates move every checkpoint's
+    weights. (Random weights never answer right, so RL's group advantages, and its updates, are zero.)"""
+    plain = tmp_path / "plain_debate.py"  # configs/debate.py with workflow.options.chat=False
+    plain.write_text("from flexmarl_jax.configs import debate\n\n\ndef get_config(variant=None):\n"
+                     "    config = debate.get_config(variant)\n    config.workflow.options.chat = False\n"
+                     "    return config\n")
+    records = _train(tmp_path / "run", str(plain),
                      f"--config.agents.debater0.model={checkpoints['qwen2']}",
                      f"--config.agents.debater1.model={checkpoints['llama']}",
-                     f"--config.agents.debater2.model={checkpoints['qwen3']}")
+                     f"--config.agents.debater2.model={checkpoints['qwen3']}", "--config.workflow.warmup_steps=3")
     _assert_trained(records, {"debater0", "debater1", "debater2"})
+    import jax
+
+    from flexmarl_jax.models.checkpoint import from_pretrained
+    from flexmarl_jax.train.checkpoint import restore_policy
+
+    for agent, arch in (("debater0", "qwen2"), ("debater1", "llama"), ("debater2", "qwen3")):
+        trained = restore_policy(tmp_path / "run" / "checkpoints" / agent)
+        source = from_pretrained(checkpoints[arch])
+        assert trained.policy_version == 2 and trained.model_config == source.config
+        moved = max(float(abs(a - b).max()) for a, b in zip(jax.tree.leaves(trained.params),
+                                                            jax.tree.leaves(source.params), strict=True))
+        assert moved > 1e-4, (agent, moved)
 
 
 def _copy_without(source: str, target, *drop: str) -> str:
