@@ -310,7 +310,7 @@ def print_summary(result: dict) -> None:
         table.add_column(column, justify="left" if column in ("dtype", "measure") else "right")
     for dtype, figures in result["per_dtype"].items():
         if "error" in figures or "skipped" in figures:
-            table.add_row(dtype, "not measured", figures.get("error") or figures["skipped"], "", "")
+            table.add_row(dtype, "not measured (below)", "", "", "")
             continue
         tokens, step = figures["rollout_tokens_per_s"], figures["train_step_s"]
         table.add_row(dtype, f"rollout tokens/s (batch {workload['batch']} x {workload['new_tokens']} new)",
@@ -327,6 +327,9 @@ def print_summary(result: dict) -> None:
                               *[f"{v:.3f}" if v is not None else "-" for v in values], "")
     console = Console()
     console.print(table)
+    for dtype, figures in result["per_dtype"].items():
+        if "error" in figures or "skipped" in figures:
+            console.print(f"{dtype} not measured: {figures.get('error') or figures['skipped']}")
     breakdown = result["per_dtype"][result["dtype"]].get("ours_rollout_breakdown_ms", {})
     if breakdown:
         console.print(f"ours, {result['dtype']}: batched prefill {breakdown['prefill_ms']:.1f} ms, one generate "
