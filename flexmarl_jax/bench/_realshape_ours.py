@@ -163,8 +163,9 @@ class OurSide:
         steps, then frees its state.
 
         The optimizer state lives only for the round, so the torch side's round never shares the host with it.
-        Two warm-up steps compile both variants of the apply step: with bfloat16 parameters optax's moments
-        start in bfloat16 and turn float32 after the first update (the gradient accumulator is float32).
+        A new trainer compiles its steps again, so every round starts with untimed warm-up steps (the parent asks
+        both sides for the same number). In the first bfloat16 round two of them compile both variants of the
+        apply step: optax's moments start in bfloat16 and turn float32 after the first update.
         """
         from flexmarl_jax.train.batch import MicroBatch
         from flexmarl_jax.train.losses import LossConfig
@@ -192,8 +193,10 @@ class OurSide:
 
         warm_up_seconds = [step() for _ in range(warm_up)]
         seconds = [step() for _ in range(steps)]
-        self.params = trainer.params  # the trainer (optimizer state, accumulator) is freed on return
-        return {"step_seconds": seconds, "warm_up_seconds": warm_up_seconds}
+        self.params = trainer.params
+        trainer = batch = None  # frees the optimizer state and accumulator (the closure sees None too)
+        _side_process.release_freed_memory()
+        return {"step_seconds": seconds, "warm_up_seconds": warm_up_seconds, "rss_gb_after": _side_process.rss_gb()}
 
     def stats(self) -> dict:
         import jax

@@ -127,8 +127,10 @@ class TorchSide:
 
         warm_up_seconds = [step() for _ in range(warm_up)]
         seconds = [step() for _ in range(steps)]
-        self.model.eval()  # the optimizer (and its state) is freed on return
-        return {"step_seconds": seconds, "warm_up_seconds": warm_up_seconds}
+        self.model.eval()
+        optimizer = None  # frees its state (the closure sees None too)
+        _side_process.release_freed_memory()
+        return {"step_seconds": seconds, "warm_up_seconds": warm_up_seconds, "rss_gb_after": _side_process.rss_gb()}
 
     def stats(self) -> dict:
         torch = self.torch

@@ -39,6 +39,33 @@ def peak_rss_gb() -> float:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20
 
 
+def rss_gb() -> float:
+    """This process's resident memory now (from /proc; 0.0 where there is none)."""
+    try:
+        with open("/proc/self/statm") as handle:
+            return int(handle.read().split()[1]) * os.sysconf("SC_PAGE_SIZE") / 2**30
+    except OSError:
+        return 0.0
+
+
+def release_freed_memory() -> None:
+    """Collects garbage and hands memory that was freed back to the OS (glibc keeps freed heap pages mapped).
+
+    Both workers live on one host for the whole benchmark; a side whose freed optimizer state stays resident
+    squeezes the other side's next round into less memory. Each side calls this after every round."""
+    import ctypes
+    import ctypes.util
+    import gc
+
+    gc.collect()
+    name = ctypes.util.find_library("c")
+    if name:
+        try:
+            ctypes.CDLL(name).malloc_trim(0)
+        except (OSError, AttributeError):  # not glibc: nothing to trim
+            pass
+
+
 def progress(message: str) -> None:
     print(f"  [{os.path.basename(sys.argv[0]).removesuffix('.py')}] {message}", file=sys.stderr, flush=True)
 

@@ -6,7 +6,7 @@ A random-init model of Qwen2.5-0.5B's shape (494M parameters) is written once wi
 both sides load that directory (ours with `from_pretrained`, torch with `AutoModelForCausalLM`). Each side
 runs in its own process, pinned to the same `--threads` cores (both sides' float32 Adam state do not fit in
 24 GB together); the parent interleaves their repeats (ours, theirs, ours, theirs, ...) and reports medians.
-Per dtype (float32, then bfloat16 where both sides run it):
+Per dtype (float32, then bfloat16 where both sides have bfloat16 kernels: see "dtypes" below):
 
   rollout  tokens/s of `FlexEngine` through the in-process rollout loop vs transformers `generate`: the same
            16 prompts, temperature-1 sampling, exactly 64 new tokens each (EOS ignored on both sides)
@@ -17,6 +17,11 @@ Per dtype (float32, then bfloat16 where both sides run it):
   memory   peak_rss_gb of each side's process (and peak device memory on an accelerator)
   roofline on a known accelerator, each side's share of the device's peak FLOP/s and memory bandwidth
            (`_roofline.py`); null on CPU
+
+dtypes   without --dtypes, bfloat16 is compared only where each side's bfloat16 projection runs at least
+           BF16_MIN_SPEED of its float32 rate (`_dtype_probe.py`, a few seconds per side); otherwise
+           per_dtype.bfloat16 says why it was skipped, with the probed GFLOP/s, and the `_bf16` keys are null.
+           An explicit --dtypes runs what it lists.
 
 Top-level keys are the float32 figures; `_bf16` keys and `per_dtype` hold the rest. `--shape tiny` runs the
 same code end to end on a toy model in seconds (the test uses it).
@@ -50,6 +55,10 @@ SHAPES: dict[str, ModelConfig] = {
                         qkv_bias=True, max_position_embeddings=512),
 }
 DTYPES = ("float32", "bfloat16")
+# A bfloat16 projection at under half the float32 rate means a conversion fallback, not bfloat16 kernels
+# (native ones run at least as fast as float32: half the bytes). Measured here (AVX2 CPU, 2 threads, the
+# 1024 x 896 x 4864 projection): torch linear 124 -> 19 GFLOP/s, XLA 139 -> 111.
+BF16_MIN_SPEED = 0.5
 DTYPE_SUFFIX = {"float32": "", "bfloat16": "_bf16"}
 _BYTES_PER_VALUE = {"float32": 4, "bfloat16": 2}
 
@@ -139,17 +148,18 @@ def measure_dtype(dtype: str, checkpoint: str, workdir: str, workload: Workload,
         rollout_memory = {"ours": ours.call("stats"), "torch": torch_side.call("stats")}
 
         # ---- training: one round per side at a time (only one side holds optimizer state at once)
-        # Untimed first steps: compiles, and in bfloat16 our second step compiles again (optax's moments turn
-        # float32 after the first update, see _realshape_ours.train_round); both sides get the same count.
-        first_round_warm_up = 2 if dtype == "bfloat16" else 1
-        ours_steps, torch_steps, warm_up = [], [], {}
+        # Every round builds a fresh trainer / optimizer, so it starts with an untimed step (ours compiles its
+        # new trainer's steps; torch allocates its Adam state); in the first bfloat16 round our second step
+        # compiles again (optax's moments turn float32 after the first update, see _realshape_ours.train_round).
+        # Both sides get the same count, and both hand freed memory back to the OS after each round.
+        ours_steps, torch_steps, warm_up, rss_after = [], [], {"ours": [], "torch": []}, {"ours": [], "torch": []}
         for repeat in range(repeats):
+            round_warm_up = 2 if dtype == "bfloat16" and repeat == 0 else 1
             for name, side, steps in (("ours", ours, ours_steps), ("torch", torch_side, torch_steps)):
-                reply = side.call("train_round", steps=args.train_steps,
-                                  warm_up=first_round_warm_up if repeat == 0 else 0)
+                reply = side.call("train_round", steps=args.train_steps, warm_up=round_warm_up)
                 steps.extend(reply["step_seconds"])
-                if repeat == 0:
-                    warm_up[name] = reply["warm_up_seconds"]
+                warm_up[name].extend(reply["warm_up_seconds"])
+                rss_after[name].append(reply["rss_gb_after"])
             _log(f"{dtype}: train round {repeat + 1}/{repeats}: ours {ours_steps[-1]:.2f} s/step, "
                  f"torch {torch_steps[-1]:.2f} s/step")
         memory = {"ours": ours.call("stats"), "torch": torch_side.call("stats")}
@@ -169,6 +179,7 @@ def measure_dtype(dtype: str, checkpoint: str, workdir: str, workload: Workload,
         "train_tokens_per_s": {"ours": workload.train_rows * workload.train_len / ours_step_s,
                                "torch": workload.train_rows * workload.train_len / torch_step_s},
         "train_warm_up_s": warm_up,
+        "rss_gb_after_train_round": rss_after,
         "peak_rss_gb": {side: memory[side]["peak_rss_gb"] for side in memory},
         "peak_rss_gb_rollout": {side: rollout_memory[side]["peak_rss_gb"] for side in rollout_memory},
         "peak_device_gb": {side: memory[side]["peak_device_gb"] for side in memory},
@@ -203,6 +214,37 @@ def roofline(dtype: str, config: ModelConfig, info: dict, workload: Workload, fi
     return out
 
 
+def probe_rates(side: str, config: ModelConfig, workload: Workload, threads: int) -> dict[str, float]:
+    """GFLOP/s of one MLP up-projection ([train rows x len, hidden] x [hidden, intermediate], at most 256 rows)
+    on `side`, per dtype, measured in a fresh process pinned like the worker."""
+    rows = min(256, workload.train_rows * workload.train_len)
+    argv = [sys.executable, "-m", "flexmarl_jax.bench._dtype_probe", side, "--rows", str(rows),
+            "--inputs", str(config.hidden_size), "--outputs", str(config.intermediate_size), "--threads", str(threads)]
+    done = subprocess.run(argv, check=True, capture_output=True, text=True, env=_worker_env())
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+def plan_dtypes(requested: tuple[str, ...], explicit: bool,
+                rates: dict[str, dict[str, float]] | None) -> tuple[list[str], dict[str, dict]]:
+    """The dtypes to measure and, for each one skipped, why. `rates` is side -> dtype -> GFLOP/s (the probe).
+
+    float32 always runs. With an explicit --dtypes every listed dtype runs. Otherwise bfloat16 runs only if
+    every side's bfloat16 rate is at least BF16_MIN_SPEED of its float32 rate."""
+    if explicit or "bfloat16" not in requested:
+        return list(requested), {}
+    slow = {side: r["bfloat16"] / r["float32"] for side, r in rates.items()
+            if r["bfloat16"] < BF16_MIN_SPEED * r["float32"]}
+    if not slow:
+        return list(requested), {}
+    reason = "; ".join(f"{side}'s bfloat16 projection runs at {share:.2f}x its float32 rate "
+                       f"({rates[side]['bfloat16']:.1f} vs {rates[side]['float32']:.1f} GFLOP/s)"
+                       for side, share in sorted(slow.items()))
+    skipped = {"bfloat16": {"skipped": f"no bfloat16 kernels on this host: {reason} (below {BF16_MIN_SPEED}); "
+                                       "--dtypes float32,bfloat16 measures it anyway",
+                            "matmul_gflops": rates}}
+    return [d for d in requested if d != "bfloat16"], skipped
+
+
 def run(args: argparse.Namespace) -> dict:
     config = SHAPES[args.shape]
     workload = make_workload(config, args)
@@ -226,8 +268,15 @@ def run(args: argparse.Namespace) -> dict:
              else f"writing a random-init {args.shape} checkpoint")
         subprocess.run([sys.executable, "-m", "flexmarl_jax.bench._realshape_ours", "write", checkpoint,
                         "--config-json", config_json, "--seed", str(args.seed)], check=True, env=_worker_env())
-        per_dtype = {}
-        for dtype in args.dtypes:
+        rates = None
+        if not args.dtypes_explicit and "bfloat16" in args.dtypes:
+            _log("probing each side's bfloat16 and float32 matmul rates")
+            rates = {side: probe_rates(side, config, workload, args.threads) for side in ("ours", "torch")}
+            result["matmul_gflops"] = rates
+        dtypes, per_dtype = plan_dtypes(args.dtypes, args.dtypes_explicit, rates)
+        for dtype, why in per_dtype.items():
+            _log(f"{dtype} not measured: {why['skipped']}")
+        for dtype in dtypes:
             try:
                 per_dtype[dtype] = measure_dtype(dtype, checkpoint, workdir, workload, config, args)
             except RuntimeError as error:
@@ -235,7 +284,7 @@ def run(args: argparse.Namespace) -> dict:
                     raise
                 _log(f"{dtype} not measured: {error}")  # a side that cannot run it is reported, not fatal
                 per_dtype[dtype] = {"error": str(error).splitlines()[0]}
-    result["per_dtype"] = per_dtype
+    result["per_dtype"] = {dtype: per_dtype[dtype] for dtype in args.dtypes}
     for dtype, figures in per_dtype.items():
         suffix = DTYPE_SUFFIX[dtype]
         for key in ("rollout_speedup_vs_hf", "train_speedup_vs_torch", "rollout_tokens_per_s", "train_step_s",
@@ -260,8 +309,8 @@ def print_summary(result: dict) -> None:
     for column in ("dtype", "measure", "ours", "torch / transformers", "ours is x faster"):
         table.add_column(column, justify="left" if column in ("dtype", "measure") else "right")
     for dtype, figures in result["per_dtype"].items():
-        if "error" in figures:
-            table.add_row(dtype, "not measured", figures["error"], "", "")
+        if "error" in figures or "skipped" in figures:
+            table.add_row(dtype, "not measured (below)", "", "", "")
             continue
         tokens, step = figures["rollout_tokens_per_s"], figures["train_step_s"]
         table.add_row(dtype, f"rollout tokens/s (batch {workload['batch']} x {workload['new_tokens']} new)",
@@ -278,6 +327,9 @@ def print_summary(result: dict) -> None:
                               *[f"{v:.3f}" if v is not None else "-" for v in values], "")
     console = Console()
     console.print(table)
+    for dtype, figures in result["per_dtype"].items():
+        if "error" in figures or "skipped" in figures:
+            console.print(f"{dtype} not measured: {figures.get('error') or figures['skipped']}")
     breakdown = result["per_dtype"][result["dtype"]].get("ours_rollout_breakdown_ms", {})
     if breakdown:
         console.print(f"ours, {result['dtype']}: batched prefill {breakdown['prefill_ms']:.1f} ms, one generate "
@@ -306,8 +358,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--json", metavar="PATH", help="write the result object here")
     parser.add_argument("--shape", choices=sorted(SHAPES), default="real",
                         help="real = Qwen2.5-0.5B's shape; tiny = a toy model for tests")
-    parser.add_argument("--dtypes", type=_dtypes, default=DTYPES, help="comma list; the first fills the top-level "
-                        "keys (default float32,bfloat16)")
+    parser.add_argument("--dtypes", type=_dtypes, default=None, help="comma list, all measured; the first fills "
+                        "the top-level keys (default: float32, and bfloat16 where both sides have its kernels)")
     parser.add_argument("--threads", type=int, default=min(2, len(os.sched_getaffinity(0))),
                         help="cores (and threads) per side, the same for both (default 2)")
     parser.add_argument("--batch", type=int, default=16, help="rollout prompts, all decoded together")
@@ -321,6 +373,8 @@ def main(argv: list[str] | None = None) -> int:
                         help="float32 matmul precision on accelerators, both sides (highest = no TF32)")
     parser.add_argument("--seed", type=int, default=0)
     args = parser.parse_args(argv)
+    args.dtypes_explicit = args.dtypes is not None
+    args.dtypes = args.dtypes or DTYPES
     for name in ("threads", "batch", "new_tokens", "train_rows", "repeats", "train_steps"):
         if getattr(args, name) < 1:
             parser.error(f"--{name.replace('_', '-')}={getattr(args, name)} must be >= 1")

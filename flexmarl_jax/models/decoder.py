@@ -9,6 +9,7 @@ from flax import nnx
 from flexmarl_jax.mesh.rules import with_logical_constraint
 from flexmarl_jax.models.config import ModelConfig
 from flexmarl_jax.models.layers import MLP, Attention, Embed, RMSNorm, normal_init
+from flexmarl_jax.models.projection import project
 
 
 class DecoderLayer(nnx.Module):
@@ -94,5 +95,5 @@ class DecoderLM(nnx.Module):
         if self.config.tie_word_embeddings:
             logits = self.embed.attend(x)
         else:
-            logits = jnp.einsum("bte,ev->btv", x, self.lm_head[...], preferred_element_type=jnp.float32)
+            logits = project("bte,ev->btv", x, self.lm_head[...], preferred_element_type=jnp.float32)
         return with_logical_constraint(logits, ("batch", "length", "act_vocab")), cache

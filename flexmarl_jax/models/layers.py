@@ -14,6 +14,7 @@ from flax import nnx
 
 from flexmarl_jax.mesh.rules import with_logical_constraint
 from flexmarl_jax.models.config import ModelConfig
+from flexmarl_jax.models.projection import project
 from flexmarl_jax.models.rope import apply_rope, rope_inverse_frequencies
 
 _INIT_STDDEV = 0.02
@@ -40,7 +41,7 @@ class Embed(nnx.Module):
 
     def attend(self, x: jax.Array) -> jax.Array:
         """x [B, T, E] -> logits [B, T, V] float32 (tied LM head)."""
-        return jnp.einsum("bte,ve->btv", x, self.embedding[...], preferred_element_type=jnp.float32)
+        return project("bte,ve->btv", x, self.embedding[...], preferred_element_type=jnp.float32)
 
 
 class RMSNorm(nnx.Module):
@@ -71,10 +72,10 @@ class MLP(nnx.Module):
         )
 
     def __call__(self, x: jax.Array) -> jax.Array:
-        gate = jnp.einsum("bte,em->btm", x, self.gate_proj[...])
-        up = jnp.einsum("bte,em->btm", x, self.up_proj[...])
+        gate = project("bte,em->btm", x, self.gate_proj[...])
+        up = project("bte,em->btm", x, self.up_proj[...])
         hidden = with_logical_constraint(jax.nn.silu(gate) * up, ("batch", "length", "act_mlp"))
-        return jnp.einsum("btm,me->bte", hidden, self.down_proj[...])
+        return project("btm,me->bte", hidden, self.down_proj[...])
 
 
 class Attention(nnx.Module):
@@ -117,9 +118,9 @@ class Attention(nnx.Module):
 
     def __call__(self, x, positions, mask, cache=None, layer_index: int = 0, decode: bool = False):
         """x [B, T, E], positions [B, T] -> ([B, T, E], cache)."""
-        q = jnp.einsum("bte,ehd->bthd", x, self.q_proj[...])
-        k = jnp.einsum("bte,ehd->bthd", x, self.k_proj[...])
-        v = jnp.einsum("bte,ehd->bthd", x, self.v_proj[...])
+        q = project("bte,ehd->bthd", x, self.q_proj[...])
+        k = project("bte,ehd->bthd", x, self.k_proj[...])
+        v = project("bte,ehd->bthd", x, self.v_proj[...])
         if self.qkv_bias:
             q, k, v = q + self.q_bias[...], k + self.k_bias[...], v + self.v_bias[...]
         if self.qk_norm:
@@ -150,7 +151,7 @@ class Attention(nnx.Module):
                     )
 
         out = self._attend(q, k, v, mask)
-        return jnp.einsum("bthd,hde->bte", out, self.o_proj[...]), cache
+        return project("bthd,hde->bte", out, self.o_proj[...]), cache
 
     def _attend(self, q, k, v, mask):
         """q [B, T, H, D], k/v [B, S, K, D], mask [B, T, S] bool -> [B, T, H, D]."""

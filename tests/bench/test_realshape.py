@@ -20,7 +20,7 @@ def _positive(value) -> bool:
 def test_tiny_run_reports_every_key(tmp_path):
     out = tmp_path / "realshape.json"
     argv = ["--shape", "tiny", "--batch", "3", "--new-tokens", "5", "--prompt-len", "3:6", "--train-rows", "2",
-            "--train-len", "16", "--repeats", "2", "--json", str(out)]
+            "--train-len", "16", "--repeats", "2", "--dtypes", "float32,bfloat16", "--json", str(out)]
     assert realshape.main(argv) == 0
     result = json.loads(out.read_text())
 
@@ -50,6 +50,10 @@ def test_tiny_run_reports_every_key(tmp_path):
         assert figures["info"]["ours"]["dtype"] == figures["info"]["torch"]["dtype"] == dtype
         assert figures["info"]["ours"]["threads"] == figures["info"]["torch"]["threads"] == result["threads"]
         assert _positive(figures["ours_rollout_breakdown_ms"]["generate_step_ms"])
+        # every round starts with an untimed step on both sides (a new trainer compiles), two in bfloat16's first
+        warm_ups = 2 + (1 if dtype == "bfloat16" else 0)
+        assert len(figures["train_warm_up_s"]["ours"]) == len(figures["train_warm_up_s"]["torch"]) == warm_ups
+        assert all(_positive(v) for side in ("ours", "torch") for v in figures["rss_gb_after_train_round"][side])
 
 
 def test_roofline_table_and_model_flops():
@@ -63,3 +67,25 @@ def test_roofline_table_and_model_flops():
     # a train step is 3 forward passes: ~6 FLOPs per weight per token, plus attention
     flops = _roofline.train_step_flops(config, 4, 256)
     assert 6 * _roofline.matmul_weights(config) * 1024 < flops < 1.05 * 6 * _roofline.matmul_weights(config) * 1024
+
+
+def test_default_dtypes_skip_bfloat16_only_where_a_side_lacks_its_kernels():
+    native = {"ours": {"float32": 139.0, "bfloat16": 111.0}, "torch": {"float32": 120.0, "bfloat16": 240.0}}
+    fallback = {"ours": {"float32": 139.0, "bfloat16": 111.0}, "torch": {"float32": 124.0, "bfloat16": 18.9}}
+    assert realshape.plan_dtypes(realshape.DTYPES, False, native) == (["float32", "bfloat16"], {})
+    dtypes, skipped = realshape.plan_dtypes(realshape.DTYPES, False, fallback)
+    assert dtypes == ["float32"] and list(skipped) == ["bfloat16"]
+    assert "torch's bfloat16 projection runs at 0.15x" in skipped["bfloat16"]["skipped"]
+    assert "ours" not in skipped["bfloat16"]["skipped"].split(":")[1]  # only the side that falls short is named
+    assert skipped["bfloat16"]["matmul_gflops"] == fallback
+    # an explicit --dtypes runs what it lists, whatever the probe would say
+    assert realshape.plan_dtypes(realshape.DTYPES, True, None) == (["float32", "bfloat16"], {})
+    assert realshape.plan_dtypes(("float32",), False, None) == (["float32"], {})
+
+
+@pytest.mark.timeout(120)
+def test_probe_measures_both_dtypes_on_both_sides():
+    config, workload = realshape.SHAPES["tiny"], realshape.Workload([[3, 4]], 2, 2, 16, 0)
+    for side in ("ours", "torch"):
+        rates = realshape.probe_rates(side, config, workload, threads=1)
+        assert set(rates) == {"float32", "bfloat16"} and all(_positive(v) for v in rates.values()), (side, rates)
