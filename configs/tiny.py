@@ -77,6 +77,9 @@ def base_config() -> ml_collections.ConfigDict:
     config.workflow.queries_per_iteration = 16  # distinct queries rolled out per iteration
     config.workflow.samples_per_query = 8  # trajectories per query (the GRPO group size)
     config.workflow.warmup_steps = 150  # supervised warm-up steps before the first RL iteration (0 = none)
+    # The warm-up's own learning rate: it trains with a fresh optimizer, and RL then starts another fresh one at
+    # the agents' learning rates (Adam moments carried over from a converged warm-up inflate RL's first steps).
+    config.workflow.warmup_learning_rate = 3e-3
     # What the warm-up teaches, on training problems only: format (answers drawn independently of the truth:
     # the output format and nothing else) | sft (right answers: a supervised cold start).
     config.workflow.warmup = "format"

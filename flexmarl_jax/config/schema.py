@@ -168,6 +168,8 @@ class WorkflowConfig(Section):
     samples_per_query: int = setting(8, rule=positive, help="trajectories per query (the GRPO group size)")
     warmup_steps: int = setting(150, rule=at_least_zero,
                                 help="supervised warm-up steps before the first RL iteration (0 = none)")
+    warmup_learning_rate: float = setting(3e-3, rule=above_zero, help="the supervised warm-up's learning rate "
+                                          "(its own fresh optimizer; RL then starts a fresh one at the agent's)")
     warmup: str = setting("format", choices=_warmup_kinds, help="what the warm-up teaches, on training problems "
                           "only: format (answers drawn independently of the truth) or sft (right answers)")
 

@@ -130,7 +130,8 @@ def _restore_or_warm_up(config: RunConfig, runtimes: Mapping[str, AgentRuntime],
         examples = warmup_examples(workflow, task, kind=config.workflow.warmup, queries=256, samples_per_query=1,
                                    seed=config.seed)
         logger.info("warm-up (%s): %s", config.workflow.warmup, WARMUP_KINDS[config.workflow.warmup].teaches)
-        run_warmup(runtimes, examples, steps=config.workflow.warmup_steps, seed=config.seed)
+        run_warmup(runtimes, examples, steps=config.workflow.warmup_steps, seed=config.seed,
+                   learning_rate=config.workflow.warmup_learning_rate)
         save_all(trainers, checkpoint_root)
     return 0
 

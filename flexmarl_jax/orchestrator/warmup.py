@@ -10,6 +10,7 @@ policy's own log-probs is exactly the gradient of the mean log-likelihood.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import random
 from collections.abc import Mapping
@@ -51,9 +52,12 @@ def supervised_step(trainer: AgentTrainer, pairs: list[tuple[list[int], list[int
 
 
 def run_warmup(agents: Mapping[str, AgentRuntime], examples: Mapping[str, list[tuple[str, str]]],
-               *, steps: int, seed: int) -> dict[str, float]:
+               *, steps: int, seed: int, learning_rate: float | None = None) -> dict[str, float]:
     """`steps` supervised updates per agent, each on its own tokenizer's ids; returns agent -> final loss.
-    Versions are reset to 0 after, so policy versions count RL updates only."""
+
+    The warm-up is its own training: it runs with a fresh optimizer at `learning_rate` (None: the agent's own),
+    and RL then starts from another fresh optimizer at the agent's learning rate (`AgentTrainer.reset_optimizer`
+    says why). Versions are reset to 0 after, so policy versions count RL updates only."""
     rng = random.Random(seed)  # one stream over the agents in order
     losses = {}
     for agent, runtime in agents.items():
@@ -63,8 +67,13 @@ def run_warmup(agents: Mapping[str, AgentRuntime], examples: Mapping[str, list[t
         if not encoded:
             continue
         size = trainer.config.micro_batch_size
+        rl_optimizer = trainer.config.optimizer
+        warmup_optimizer = (rl_optimizer if learning_rate is None
+                            else dataclasses.replace(rl_optimizer, learning_rate=learning_rate))
+        trainer.reset_optimizer(warmup_optimizer)
         for _ in range(steps):
             metrics = supervised_step(trainer, [rng.choice(encoded) for _ in range(size)], pad_id=tokenizer.pad_id)
+        trainer.reset_optimizer(rl_optimizer)
         losses[agent] = float(metrics.get("loss", float("nan")))
         trainer.policy_version = 0  # the warm-up precedes RL's first policy
         logger.info("warm-up of %s: %d steps on %d examples, final loss %.3f", agent, steps, len(encoded),

@@ -417,6 +417,24 @@ class AgentTrainer:
         self._pending_micro_batches = 0
         return _with_token_means({name: float(value) for name, value in jax.device_get(metrics).items()})
 
+    def reset_optimizer(self, optimizer: OptimizerConfig | None = None) -> None:
+        """Starts a fresh optimizer state (zero moments) on the current parameters, with `optimizer` from now on
+        when given (a learning rate for another phase of training) else the current one.
+
+        Why: a supervised warm-up and RL are two trainings. Adam moments carried over from the warm-up, whose
+        gradients shrank as it converged, turn RL's first, larger gradients into steps of several times the
+        learning rate. Needs an empty accumulator (RuntimeError otherwise)."""
+        self._check_attached()
+        if self._pending_micro_batches:
+            raise RuntimeError(f"agent {self.agent!r}: {self._pending_micro_batches} accumulated micro-batch(es) "
+                               "would be lost; apply() or discard_accumulated() first")
+        if optimizer is not None and optimizer != self.config.optimizer:
+            self.config = dataclasses.replace(self.config, optimizer=optimizer)
+            self._steps = _steps_for(self.graphdef, self.model_config, self.config, self.mesh)
+        steps = self._steps
+        self._opt_state = steps.init_opt(self._master if self._master is not None else self._trainable)
+        self._accum = steps.zeros_step(self._trainable)
+
     def discard_accumulated(self) -> None:
         """Drops the accumulated gradient without an update (e.g. an iteration aborted by a crash)."""
         self._accum = self._steps.zeros_step(self._trainable)

@@ -365,3 +365,35 @@ def test_passes_of_fewer_rows_give_the_micro_batch_gradient(tiny_model_config, i
         assert logprobs.shape == results[0][1].shape and np.allclose(logprobs, results[0][1], atol=1e-6)
     with pytest.raises(ValueError, match="rows_per_pass=3 must divide micro_batch_size=8"):
         TrainerConfig(micro_batch_size=8, max_len=MAX_LEN, rows_per_pass=3)
+
+
+def test_reset_optimizer_continues_like_a_new_trainer_on_the_same_weights(tiny_model_config, initial):
+    rows = random_rows(16, seed=7)
+    plain = LossConfig(aggregation="token_mean")  # no KL: a new trainer's reference would be other weights
+    trainer = make_trainer(tiny_model_config, initial, FULL, loss=plain)
+    for _ in range(2):  # moments and step count away from their initial values
+        run_iteration(trainer, rows, FULL)
+        trainer.apply()
+    run_iteration(trainer, rows, FULL)
+    with pytest.raises(RuntimeError, match="accumulated micro-batch"):
+        trainer.reset_optimizer()  # would drop the pending gradient
+    trainer.discard_accumulated()
+
+    slower = dataclasses.replace(ADAM, learning_rate=1e-3)
+    trainer.reset_optimizer(slower)
+    assert trainer.config.optimizer == slower
+    fresh = make_trainer(tiny_model_config, (initial[0], jax.device_get(trainer.params)), FULL, loss=plain,
+                         optimizer=slower)
+    other_rows = random_rows(16, seed=8)
+    for each in (trainer, fresh):
+        run_iteration(each, other_rows, FULL)
+        each.apply()
+    assert rel_err(trainer.params, fresh.params) < 1e-6
+    # and it is a different step from the one the carried-over state at the old rate would have taken
+    carried = make_trainer(tiny_model_config, initial, FULL, loss=plain)
+    for _ in range(2):
+        run_iteration(carried, rows, FULL)
+        carried.apply()
+    run_iteration(carried, other_rows, FULL)
+    carried.apply()
+    assert rel_err(carried.params, fresh.params) > 1e-3
