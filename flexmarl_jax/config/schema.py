@@ -159,7 +159,7 @@ class WorkflowConfig(Section):
                                          "arguments hold role names; empty = the builder's defaults")
     roles: Mapping[str, str] = setting(factory=dict, help="role -> agent that plays it; a role not listed is "
                                        "played by the agent of its name")
-    task: str = setting("arithmetic", rule=_task_rule, help="a registered task or a path to a .jsonl file")
+    task: str = setting("reverse", rule=_task_rule, help="a registered task or a path to a .jsonl file")
     task_options: Mapping[str, Mapping[str, Any]] = setting(
         factory=dict, help="task -> its constructor arguments; only the selected task's section is read")
     shaping_weights: Mapping[str, float] = setting(
@@ -170,7 +170,7 @@ class WorkflowConfig(Section):
                                 help="supervised warm-up steps before the first RL iteration (0 = none)")
     warmup_learning_rate: float = setting(3e-3, rule=above_zero, help="the supervised warm-up's learning rate "
                                           "(its own fresh optimizer; RL then starts a fresh one at the agent's)")
-    warmup: str = setting("format", choices=_warmup_kinds, help="what the warm-up teaches, on training problems "
+    warmup: str = setting("sft", choices=_warmup_kinds, help="what the warm-up teaches, on training problems "
                           "only: format (answers drawn independently of the truth) or sft (right answers)")
 
 
@@ -221,7 +221,7 @@ class TrainConfig(Section):
     `RunConfig.global_batch_size`."""
 
     algorithm: str = setting("grpo", choices=_algorithm_names, help="RL algorithm (train/algorithms.py)")
-    learning_rate: float = setting(3e-3, rule=above_zero, help="default optimizer learning rate of every agent")
+    learning_rate: float = setting(3e-4, rule=above_zero, help="default optimizer learning rate of every agent")
     micro_batch_size: int = setting(32, rule=positive, help="samples per gradient micro-batch; divides the "
                                     "global batch and is a multiple of workflow.samples_per_query")
     max_staleness: int = setting(0, rule=at_least_zero,
@@ -293,7 +293,7 @@ class RunConfig(Section):
 
     seed: int = setting(0, help="one seed drives task generation, parameter init, sampling and shuffling")
     workdir: str = setting("runs/tiny", help="metrics.jsonl, plots, checkpoints and the store live here")
-    iterations: int = setting(200, rule=positive, help="RL iterations (one policy update per agent each)")
+    iterations: int = setting(120, rule=positive, help="RL iterations (one policy update per agent each)")
     agents: Mapping[str, AgentConfig] = setting(factory=_chain_agents, help="agent name -> its settings")
     workflow: WorkflowConfig = setting(factory=WorkflowConfig, help="the workflow, its roles and its task")
     rollout: RolloutConfig = setting(factory=RolloutConfig, help="engine instances and request handling")

@@ -108,7 +108,7 @@ def test_variants_combine():
      "config.agents=['corrector', 'solver', 'verifier'] does not match workflow 'chain': agent(s) ['solver'] "
      "play no role (role -> agent: solver->verifier, verifier->verifier, corrector->corrector)"),
     ({"workflow.roles.verifier": "critic"}, "roles are played by undeclared agent(s) ['critic']"),
-    ({"workflow.task_options.arithmetic.max_digits": "0"}, "max_digits=0"),
+    ({"workflow.task": "arithmetic", "workflow.task_options.arithmetic.max_digits": "0"}, "max_digits=0"),
     ({"workflow.task": "sudoku"},
      "config.workflow.task='sudoku' is not allowed; choose one of: arithmetic, countdown, reverse or a path"),
     ({"workflow.task": "missing.jsonl"}, "config.workflow.task='missing.jsonl' with task_options.jsonl"),
@@ -131,13 +131,13 @@ def test_bad_workflow_settings(overrides, fragment):
 
 
 @pytest.mark.parametrize("overrides, fragment", [
-    # The tiny task has 9 distinct problems (15 prompts): 1% holds out none of them, 99.9% all of them.
-    ({"eval.fraction": "0.01"}, "config.eval.fraction=0.01 leaves the eval split empty: none of the 9 distinct "
+    # The old default task (arithmetic up to 4) has 9 distinct problems (15 prompts): 1% holds out none of them, 99.9% all of them.
+    ({"workflow.task": "arithmetic", "eval.fraction": "0.01"}, "config.eval.fraction=0.01 leaves the eval split empty: none of the 9 distinct "
                                 "problems of task 'arithmetic' (in 8192 draws) is held out (raise eval.fraction)"),
     ({"eval.fraction": "0.0"}, "config.eval.fraction=0.0 leaves the eval split empty"),
-    ({"eval.fraction": "0.999"}, "config.eval.fraction=0.999 leaves the train split empty: all 9 distinct "
+    ({"workflow.task": "arithmetic", "eval.fraction": "0.999"}, "config.eval.fraction=0.999 leaves the train split empty: all 9 distinct "
                                  "problems of task 'arithmetic' (in 8192 draws) are held out"),
-    ({"eval.file": "test.jsonl"}, "config.eval.file='test.jsonl' takes the eval problems of a .jsonl task, but "
+    ({"workflow.task": "arithmetic", "eval.file": "test.jsonl"}, "config.eval.file='test.jsonl' takes the eval problems of a .jsonl task, but "
                                   "config.workflow.task='arithmetic' generates its problems"),
 ])
 def test_an_empty_eval_split_is_an_error_naming_the_field(overrides, fragment):

@@ -25,7 +25,8 @@ from flexmarl_jax.workflows.warmup_data import warmup_problems
 
 @pytest.mark.timeout(600)
 def test_no_eval_problem_reaches_warmup_or_training(tmp_path, monkeypatch):
-    config = RunConfig.from_config(apply_overrides(load_config("configs/tiny.py:smoke"), {"eval.fraction": "0.3"}))
+    config = RunConfig.from_config(apply_overrides(load_config("configs/tiny.py:smoke"),
+                                                   {"workflow.task": "arithmetic", "eval.fraction": "0.3"}))
     split = split_task_from_config(config.workflow, config.eval)
     eval_keys = {split.content_key(problem)
                  for problem in split.eval_problems(config.eval.problems, seed=EVAL_PROBLEMS_SEED)}
@@ -45,7 +46,8 @@ def test_no_eval_problem_reaches_warmup_or_training(tmp_path, monkeypatch):
     monkeypatch.setattr(WorkflowExecutor, "run", recording_run)
     workdir = tmp_path / "run"
     assert main(["train", "--config=configs/tiny.py:smoke", f"--workdir={workdir}", "--config.store.backend=file",
-                 "--config.workflow.warmup=sft", "--config.eval.fraction=0.3"]) == 0
+                 "--config.workflow.task=arithmetic", "--config.workflow.warmup=sft",
+                 "--config.eval.fraction=0.3"]) == 0
 
     kinds = [kind for kind, _ in runs]
     assert kinds.count("InMemorySink") == 1 and kinds.count("StoreSink") == config.iterations
