@@ -131,13 +131,17 @@ def test_bad_workflow_settings(overrides, fragment):
 
 
 @pytest.mark.parametrize("overrides, fragment", [
-    # The old default task (arithmetic up to 4) has 9 distinct problems (15 prompts): 1% holds out none of them, 99.9% all of them.
-    ({"workflow.task": "arithmetic", "eval.fraction": "0.01"}, "config.eval.fraction=0.01 leaves the eval split empty: none of the 9 distinct "
+    # The old default task (arithmetic up to 4) has 9 distinct problems (15 prompts): 1% holds out none of them,
+    # 99.9% all of them.
+    ({"workflow.task": "arithmetic", "eval.fraction": "0.01"},
+     "config.eval.fraction=0.01 leaves the eval split empty: none of the 9 distinct "
                                 "problems of task 'arithmetic' (in 8192 draws) is held out (raise eval.fraction)"),
     ({"eval.fraction": "0.0"}, "config.eval.fraction=0.0 leaves the eval split empty"),
-    ({"workflow.task": "arithmetic", "eval.fraction": "0.999"}, "config.eval.fraction=0.999 leaves the train split empty: all 9 distinct "
+    ({"workflow.task": "arithmetic", "eval.fraction": "0.999"},
+     "config.eval.fraction=0.999 leaves the train split empty: all 9 distinct "
                                  "problems of task 'arithmetic' (in 8192 draws) are held out"),
-    ({"workflow.task": "arithmetic", "eval.file": "test.jsonl"}, "config.eval.file='test.jsonl' takes the eval problems of a .jsonl task, but "
+    ({"workflow.task": "arithmetic", "eval.file": "test.jsonl"},
+     "config.eval.file='test.jsonl' takes the eval problems of a .jsonl task, but "
                                   "config.workflow.task='arithmetic' generates its problems"),
 ])
 def test_an_empty_eval_split_is_an_error_naming_the_field(overrides, fragment):
