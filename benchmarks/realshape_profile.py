@@ -51,19 +51,9 @@ def ours_step(workdir: str) -> dict:
     import jax
 
     from flexmarl_jax.bench._realshape_ours import OurSide
-    from flexmarl_jax.train.batch import MicroBatch
-    from flexmarl_jax.train.losses import LossConfig
-    from flexmarl_jax.train.optim import OptimizerConfig
-    from flexmarl_jax.train.trainer import AgentTrainer, TrainerConfig
 
     side = OurSide(os.path.join(workdir, "checkpoint"), workdir, "float32", "highest")
-    config = TrainerConfig(micro_batch_size=BATCH, max_len=LENGTH,
-                           loss=LossConfig(name="grpo", aggregation="token_mean"),
-                           optimizer=OptimizerConfig(name="adam", learning_rate=1e-6, max_grad_norm=None),
-                           donate_params=True)
-    trainer = AgentTrainer("bench", side.model_config, config, initial=(side.graphdef, side.params))
-    side.params = None
-    batch = MicroBatch(**side.batch_arrays, agent="bench")
+    trainer, batch = side.make_trainer()
     (placed,) = trainer._place_passes(batch)
     steps = trainer._steps
     forward = jax.jit(lambda trainable, b: steps.loss_and_metrics(trainable, None, b)[0])

@@ -158,6 +158,22 @@ class OurSide:
             steps.append(time.perf_counter() - start)
         return {"prefill_ms": statistics.median(prefills) * 1e3, "generate_step_ms": statistics.median(steps) * 1e3}
 
+    def make_trainer(self):
+        """(a trainer that owns the weights, donated; the training micro-batch): the bench's GRPO + Adam step."""
+        from flexmarl_jax.train.batch import MicroBatch
+        from flexmarl_jax.train.losses import LossConfig
+        from flexmarl_jax.train.optim import OptimizerConfig
+        from flexmarl_jax.train.trainer import AgentTrainer, TrainerConfig
+
+        rows, length = self.workload["train_rows"], self.workload["train_len"]
+        config = TrainerConfig(micro_batch_size=rows, max_len=length,
+                               loss=LossConfig(name="grpo", aggregation="token_mean"),
+                               optimizer=OptimizerConfig(name="adam", learning_rate=1e-6, max_grad_norm=None),
+                               donate_params=True)
+        trainer = AgentTrainer("bench", self.model_config, config, initial=(self.graphdef, self.params))
+        self.params = None
+        return trainer, MicroBatch(**self.batch_arrays, agent="bench")
+
     def train_round(self, steps: int, warm_up: int) -> dict:
         """Builds a trainer on the current weights, runs `warm_up` untimed and `steps` timed accumulate+apply
         steps, then frees its state.
@@ -167,20 +183,8 @@ class OurSide:
         both sides for the same number). In the first bfloat16 round two of them compile both variants of the
         apply step: optax's moments start in bfloat16 and turn float32 after the first update.
         """
-        from flexmarl_jax.train.batch import MicroBatch
-        from flexmarl_jax.train.losses import LossConfig
-        from flexmarl_jax.train.optim import OptimizerConfig
-        from flexmarl_jax.train.trainer import AgentTrainer, TrainerConfig
-
         self.engine = None  # the rollout is over: nothing else holds the weights, so they may be donated
-        rows, length = self.workload["train_rows"], self.workload["train_len"]
-        config = TrainerConfig(micro_batch_size=rows, max_len=length,
-                               loss=LossConfig(name="grpo", aggregation="token_mean"),
-                               optimizer=OptimizerConfig(name="adam", learning_rate=1e-6, max_grad_norm=None),
-                               donate_params=True)
-        trainer = AgentTrainer("bench", self.model_config, config, initial=(self.graphdef, self.params))
-        self.params = None
-        batch = MicroBatch(**self.batch_arrays, agent="bench")
+        trainer, batch = self.make_trainer()
 
         def step() -> float:
             start = time.perf_counter()
