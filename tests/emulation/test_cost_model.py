@@ -179,3 +179,13 @@ def test_emulate_resolves_presets_and_hf_configs(tmp_path):
     (tmp_path / "broken.json").write_text(json.dumps({k: v for k, v in hf.items() if k != "hidden_size"}))
     with pytest.raises(ValueError, match=r"broken\.json lacks the field 'hidden_size'"):
         resolve_model_shape(str(tmp_path / "broken.json"))
+
+
+def test_importing_the_cost_model_starts_no_jax():
+    """Config checks and benches resolve chips and models before anything heavy starts."""
+    import subprocess
+    import sys
+
+    code = "import sys, flexmarl_jax.emulation; print('jax' in sys.modules)"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "False"
