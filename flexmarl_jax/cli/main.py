@@ -16,7 +16,8 @@ import sys
 from flexmarl_jax.config.errors import ConfigError
 
 COMMANDS_HELP = """commands:
-  train     run multi-agent RL: --config=PATH[:VARIANT], --config.KEY=VALUE, --workdir=DIR (flexmarl train --help)
+  train     run multi-agent RL: --config=PATH[:VARIANT], --config.KEY=VALUE, --workdir=DIR, --gantt-iterations=K
+            (flexmarl train --help)
   bench     run a benchmark: flexmarl bench NAME [--json PATH] (flexmarl bench --list)
   inspect   summarise a workdir (experience store tables, metrics)
   export    write a trained agent as a Hugging Face model directory: WORKDIR --agent NAME --out DIR [--version V]
@@ -58,7 +59,7 @@ def cmd_train(argv: list[str]) -> int:
     check_devices(config, _prepare_devices(config.mesh.fake_cpu_devices))
     from flexmarl_jax.orchestrator.run import run_training
 
-    return run_training(config)
+    return run_training(config, gantt_iterations=parsed.gantt_iterations)
 
 
 def _available_benchmarks() -> list[str]:

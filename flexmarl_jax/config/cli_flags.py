@@ -3,6 +3,8 @@
     --config=PATH[:VARIANT[,VARIANT...]]  a config file or module (default: the embedded flexmarl_jax.configs.tiny)
     --config.KEY=VALUE                    one field, parsed by config_flags into the type of its current value
     --workdir=DIR                         the run directory (default: config.workdir)
+    --gantt-iterations=K                  the Gantt chart draws the last K iterations (0: the whole run); how
+                                          a run is shown, not what it does, so a flag and not a config field
     --verbosity=N, -v N                   absl's log-level flag: -1 warnings (default), 0 info, 1 debug
 
 `apply_overrides` applies `KEY=VALUE` strings to a ConfigDict through the same library path. Traps handled:
@@ -33,6 +35,7 @@ from flexmarl_jax.config.errors import ConfigError
 from flexmarl_jax.config.loader import DEFAULT_CONFIG, load_config
 
 CONFIG = "config"
+GANTT_ITERATIONS = "gantt-iterations"
 _OVERRIDE = re.compile(r"^--?(?P<no>no)?config\.(?P<key>[^=]+)(?:=(?P<value>.*))?$", re.DOTALL)
 _NUMBER = re.compile(r"^-?(\d+\.?\d*|\.\d+)([eE][-+]?\d+)?$")
 _TYPE_NAMES = {bool: "a bool; allowed: true, false", int: "an int", float: "a float", str: "a str"}
@@ -45,6 +48,7 @@ class TrainFlags:
     config: ml_collections.ConfigDict
     workdir: str | None
     verbosity: int | None  # absl verbosity, when --verbosity was given
+    gantt_iterations: int | None = None  # --gantt-iterations, when given (None: the plots' default)
 
     @property
     def log_level(self) -> int | None:
@@ -64,12 +68,15 @@ def parse_train_flags(argv: Sequence[str]) -> TrainFlags:
                                     sys_argv=argv)
     parser = values[CONFIG].parser = _ConfigSpecParser(overrides)
     workdir = flags.DEFINE_string("workdir", None, "run directory (default: config.workdir)", flag_values=values)
+    gantt = flags.DEFINE_integer(GANTT_ITERATIONS, None, "the Gantt chart draws the last K iterations (0: all)",
+                                 lower_bound=0, flag_values=values)
     verbosity = _define_verbosity(values)
     unparsed = _parse(values, argv, overrides, lambda: parser.config)
     if unparsed[1:]:
         raise ConfigError(f"unexpected argument(s) {unparsed[1:]}; flexmarl train takes only flags "
-                          "(--config=..., --config.KEY=VALUE, --workdir=..., --verbosity=...)")
-    return TrainFlags(values[CONFIG].value, workdir.value, verbosity.value if verbosity.present else None)
+                          "(--config=..., --config.KEY=VALUE, --workdir=..., --gantt-iterations=..., --verbosity=...)")
+    return TrainFlags(values[CONFIG].value, workdir.value, verbosity.value if verbosity.present else None,
+                      gantt.value)
 
 
 def train_help() -> str:
@@ -78,11 +85,12 @@ def train_help() -> str:
     from flexmarl_jax.config.schema import RunConfig
 
     lines = ["usage: flexmarl train [--config=PATH[:VARIANT[,VARIANT...]]] [--config.KEY=VALUE ...] "
-             "[--workdir=DIR] [--verbosity=N]",
+             "[--workdir=DIR] [--gantt-iterations=K] [--verbosity=N]",
              "",
              "  --config=PATH[:VARIANT]  config file or module (default: the embedded configs/tiny.py); its VARIANTS",
              "  --config.KEY=VALUE       set one field (also --config.KEY VALUE), parsed into the field's type",
              "  --workdir=DIR            run directory (default: config.workdir)",
+             "  --gantt-iterations=K     plots/gantt.png draws the last K iterations (default 3; 0: the whole run)",
              "  --verbosity=N, -v N      log level: -1 warnings (default), 0 info, 1 debug",
              "",
              "config fields (the defaults of configs/tiny.py; config files may set them differently):"]
@@ -198,12 +206,16 @@ def _one_line(error: Exception, overrides: Mapping[str, str], config) -> ConfigE
             if kind is not None:
                 return ConfigError(f"config.{key}={value!r} is not {kind}")
             return ConfigError(f"config.{key}={value!r}: {message.split(': ', 1)[-1]}")
+    gantt = re.match(rf"^flag --{GANTT_ITERATIONS}=(.*?): ", message)
+    if gantt:
+        return ConfigError(f"--{GANTT_ITERATIONS}={gantt[1]!r} is not an int >= 0: the iterations the Gantt chart "
+                           "draws (0: the whole run)")
     missing = re.match(r"^Missing value for flag (--\S+)$", message)
     if missing:
         return ConfigError(f"{missing[1]} needs a value: {missing[1]}=VALUE")
     if isinstance(error, flags.UnrecognizedFlagError):
         return ConfigError(f"unknown flag --{error.flagname}; flexmarl train takes --config=PATH[:VARIANT], "
-                           "--config.KEY=VALUE, --workdir=DIR and --verbosity=N")
+                           "--config.KEY=VALUE, --workdir=DIR, --gantt-iterations=K and --verbosity=N")
     return ConfigError(" ".join(message.split()) or type(error).__name__)
 
 

@@ -43,6 +43,7 @@ Usage::
             with timeline.busy("train/slice0", "sync", agent="solver"):
                 push_weights_to_rollout(...)
             t1 = timeline.now()
+            timeline.record_iteration(iteration, t0, t1)    # the plots' iteration windows
             record = {
                 "iteration": iteration, "team_accuracy": accuracy,
                 # e2e_s, rollout_s + train_s + sync_s + other_s (= e2e_s), tokens_per_s, utilization
@@ -57,12 +58,14 @@ Usage::
     plots.plot_all(workdir, timeline)                       # -> list of PNG paths
 """
 
+from flexmarl_jax.metrics.iteration_windows import DEFAULT_GANTT_ITERATIONS, iteration_spans
 from flexmarl_jax.metrics.jsonable import flatten, to_jsonable
 from flexmarl_jax.metrics.progress import IterationProgress, print_summary, summary_table
 from flexmarl_jax.metrics.timeline import TIMELINE_FILENAME, Timeline
 from flexmarl_jax.metrics.timeline_records import (
     GENERATED_TOKENS,
     INSTANCES,
+    ITERATION_SPAN,
     KNOWN_KINDS,
     MIGRATION,
     POLICY_VERSION,
@@ -86,11 +89,13 @@ from flexmarl_jax.metrics.writer import (
 )
 
 __all__ = [
+    "DEFAULT_GANTT_ITERATIONS",
     "DEFAULT_TIME_SPLIT",
     "EVAL_KIND",
     "GENERATED_TOKENS",
     "INSTANCES",
     "ITERATION_KIND",
+    "ITERATION_SPAN",
     "KNOWN_KINDS",
     "METRICS_FILENAME",
     "MIGRATION",
@@ -108,6 +113,7 @@ __all__ = [
     "eval_records",
     "flatten",
     "iteration_records",
+    "iteration_spans",
     "print_summary",
     "read_metrics",
     "resource_group",

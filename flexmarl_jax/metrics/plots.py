@@ -22,6 +22,7 @@ from matplotlib import rc_context
 from matplotlib.figure import Figure
 from matplotlib.lines import Line2D
 
+from flexmarl_jax.metrics.iteration_windows import DEFAULT_GANTT_ITERATIONS
 from flexmarl_jax.metrics.jsonable import flatten
 from flexmarl_jax.metrics.plot_style import (
     STYLE,
@@ -213,17 +214,21 @@ def _agent_series(rows: list[dict], agents: list[str], metric: str) -> dict[str,
 
 
 def plot_all(
-    workdir: PathLike, timeline: Timeline | None = None, out_dir: PathLike | None = None
+    workdir: PathLike, timeline: Timeline | None = None, out_dir: PathLike | None = None, *,
+    gantt_iterations: int | None = None,
 ) -> list[Path]:
     """All plots of a run: curves from `workdir/metrics.jsonl`, Gantt and load from `timeline` (or
-    `workdir/timeline.json`). Writes into `out_dir` (default `workdir/plots`); returns the PNG paths."""
+    `workdir/timeline.json`). Writes into `out_dir` (default `workdir/plots`); returns the PNG paths.
+
+    gantt_iterations: the Gantt chart's window, the last k iterations (None: `DEFAULT_GANTT_ITERATIONS`;
+    0: the whole run)."""
     workdir = Path(workdir)
     out_dir = Path(out_dir) if out_dir is not None else workdir / "plots"
     written = plot_curves(workdir, out_dir)
     if timeline is None and (workdir / TIMELINE_FILENAME).exists():
         timeline = Timeline.load(workdir / TIMELINE_FILENAME)
     if timeline is not None:
-        written += plot_gantt(timeline, out_dir)
+        written += plot_gantt(timeline, out_dir, iterations=gantt_iterations)
         written += plot_load(timeline, out_dir)
     return written
 
@@ -235,11 +240,16 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description="Plot a flexmarl run from metrics.jsonl and timeline.json.")
     parser.add_argument("workdir", help="run directory holding metrics.jsonl (and timeline.json)")
     parser.add_argument("--out-dir", default=None, help="where the PNGs go (default: WORKDIR/plots)")
+    parser.add_argument("--gantt-iterations", type=int, default=None, metavar="K",
+                        help=f"the Gantt chart draws the last K iterations (default {DEFAULT_GANTT_ITERATIONS}; "
+                             "0: the whole run)")
     args = parser.parse_args(argv)
+    if args.gantt_iterations is not None and args.gantt_iterations < 0:
+        parser.error(f"--gantt-iterations={args.gantt_iterations} must be >= 0 (0: the whole run)")
     workdir = Path(args.workdir)
     if not (workdir / METRICS_FILENAME).exists() and not (workdir / TIMELINE_FILENAME).exists():
         parser.error(f"workdir {str(workdir)!r} holds neither {METRICS_FILENAME} nor {TIMELINE_FILENAME}")
-    written = plot_all(workdir, out_dir=args.out_dir)
+    written = plot_all(workdir, out_dir=args.out_dir, gantt_iterations=args.gantt_iterations)
     print_summary(read_metrics(workdir))
     for path in written:
         print(path)

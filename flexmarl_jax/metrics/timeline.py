@@ -29,6 +29,7 @@ import numpy as np
 
 from flexmarl_jax.metrics.jsonable import to_jsonable
 from flexmarl_jax.metrics.timeline_records import (
+    ITERATION_SPAN,
     MIGRATION,
     POLICY_VERSION,
     BusyInterval,
@@ -142,6 +143,10 @@ class Timeline(TimelineAccounting):
     def record_policy_version(self, agent: str, version: int, *, time: float | None = None) -> PointEvent:
         """`agent`'s policy is now at `version`."""
         return self.event(POLICY_VERSION, agent=agent, time=time, version=int(version))
+
+    def record_iteration(self, iteration: int, start: float, end: float) -> PointEvent:
+        """Iteration `iteration` ran from `start` to `end` (what the plots cut a run into)."""
+        return self.event(ITERATION_SPAN, time=start, iteration=int(iteration), end=float(end))
 
     def sample(self, series: str, key: str, value: float, *, time: float | None = None) -> None:
         """Record a gauge value, e.g. `sample(QUEUE_LENGTH, "solver", 7)`."""

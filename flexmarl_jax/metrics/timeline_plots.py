@@ -1,4 +1,5 @@
-"""Plots of a `Timeline`: a Gantt chart of resource activity and per-agent rollout load over time."""
+"""Plots of a `Timeline`: a Gantt chart of resource activity (a window of the last iterations, with each mesh's
+utilization over the whole run beneath it) and per-agent rollout load over time."""
 
 from __future__ import annotations
 
@@ -6,11 +7,17 @@ import re
 from pathlib import Path
 
 import numpy as np
-from matplotlib import rc_context
+from matplotlib import colormaps, rc_context
 from matplotlib.figure import Figure
 from matplotlib.lines import Line2D
 from matplotlib.patches import Patch
 
+from flexmarl_jax.metrics.iteration_windows import (
+    DEFAULT_GANTT_ITERATIONS,
+    iteration_spans,
+    last_iterations_window,
+    utilization_per_window,
+)
 from flexmarl_jax.metrics.plot_style import (
     STYLE,
     PathLike,
@@ -41,22 +48,67 @@ def plot_gantt(
     color_by: str = "agent",
     t0: float | None = None,
     t1: float | None = None,
+    iterations: int | None = None,
     filename: str = "gantt.png",
 ) -> list[Path]:
-    """Busy intervals per resource (rows grouped rollout, then train, ...) over time.
+    """Writes `gantt_figure(...)` to `out_dir/filename`; returns [its path]."""
+    timeline = _as_timeline(timeline)
+    out_dir = ensure_dir(out_dir)
+    figure = gantt_figure(timeline, color_by=color_by, t0=t0, t1=t1, iterations=iterations)
+    return [save_figure(figure, out_dir / filename)]
 
-    Bars are coloured by `color_by` ("agent" or "kind"); with "agent" a thin strip under each bar shows the
-    kind (prefill/decode/train/sync/swap). Migrations are triangles on the moved instance's row; policy
-    version changes are dashed vertical lines labelled with the new version.
+
+def gantt_figure(
+    timeline: Timeline,
+    *,
+    color_by: str = "agent",
+    t0: float | None = None,
+    t1: float | None = None,
+    iterations: int | None = None,
+) -> Figure:
+    """Two panels: busy intervals per resource over a window (top), and each mesh's utilization per
+    iteration over the whole run (bottom, the window shaded).
+
+    The window: [t0, t1] when either is given; otherwise the last `iterations` iterations (None: the default,
+    `DEFAULT_GANTT_ITERATIONS`; 0: the whole run), or the whole run when the timeline records no iterations.
+    Top: rows grouped rollout, then train, ...; bars coloured by `color_by` ("agent" or "kind"); with "agent"
+    a thin strip under each bar shows the kind (prefill/decode/train/sync/swap). Migrations are triangles on
+    the moved instance's row; policy version changes are dashed vertical lines labelled with the new version.
     """
     if color_by not in ("agent", "kind"):
         raise ValueError(f"color_by={color_by!r} is not allowed; use 'agent' or 'kind'")
-    timeline = _as_timeline(timeline)
-    out_dir = ensure_dir(out_dir)
-    low, high = _plot_window(timeline, t0, t1)
-    intervals = [i for i in timeline.intervals() if i.end >= low and i.start <= high]
+    spans = iteration_spans(timeline)
+    k = DEFAULT_GANTT_ITERATIONS if iterations is None else iterations
+    window = None if t0 is not None or t1 is not None else last_iterations_window(timeline, k)
+    low, high = window if window is not None else _plot_window(timeline, t0, t1)
+    shown = [span for span in spans if span.start >= low and span.end <= high]
+    resources = sorted(timeline.resources, key=_resource_order(timeline))
+    with rc_context(STYLE):
+        height = min(1.8 + 0.42 * max(len(resources), 1), 14)
+        figure = Figure(figsize=(13, height + 3.4), layout="constrained")
+        gantt_axes, usage_axes = figure.subplots(2, 1, height_ratios=[height, 3.4])
+        _draw_gantt(gantt_axes, timeline, resources, color_by, low, high)
+        title = "Resource activity"
+        if shown and window is not None:
+            first, last = shown[0].iteration, shown[-1].iteration
+            which = f"iteration {first}" if first == last else f"iterations {first}-{last}"
+            title += f", the last {len(shown)} of {len(spans)} iterations ({which})"
+        if resources:
+            pooled = ", ".join(f"{g} {timeline.group_utilization(g, low, high):.0%}" for g in timeline.groups())
+            title += f"; utilization over [{low:.4g}, {high:.4g}] s: {pooled}"
+        gantt_axes.set_title(title)
+        _draw_utilization_over_run(usage_axes, timeline, spans, shown, (low, high), color_by)
+        return figure
+
+
+def _resource_order(timeline: Timeline):
+    """Rows grouped rollout, then train, then any other group; instances in natural order within a group."""
     group_order = {group: index for index, group in enumerate(["rollout", "train", *timeline.groups()])}
-    resources = sorted(timeline.resources, key=lambda r: (group_order[resource_group(r)], _natural_key(r)))
+    return lambda resource: (group_order[resource_group(resource)], _natural_key(resource))
+
+
+def _draw_gantt(axes, timeline: Timeline, resources: list[str], color_by: str, low: float, high: float) -> None:
+    intervals = [i for i in timeline.intervals() if i.end >= low and i.start <= high]
     row_of = {resource: index for index, resource in enumerate(resources)}
     agents = sorted({i.agent for i in intervals if i.agent is not None})
     colors = agent_colors(_timeline_agents(timeline))
@@ -65,57 +117,114 @@ def plot_gantt(
             [k for k in KNOWN_KINDS if any(i.kind == k for i in intervals)] + [i.kind for i in intervals]
         )
     )
-
-    with rc_context(STYLE):
-        figure = Figure(figsize=(13, min(1.8 + 0.42 * max(len(resources), 1), 14)), layout="constrained")
-        axes = figure.subplots()
-        bars: dict[tuple[int, str], list[tuple[float, float]]] = {}
-        strips: dict[tuple[int, str], list[tuple[float, float]]] = {}
-        for interval in intervals:
-            row = row_of[interval.resource]
-            main = interval.kind if color_by == "kind" else (interval.agent or "(none)")
-            bars.setdefault((row, main), []).append((interval.start, interval.duration))
-            if color_by == "agent":
-                strips.setdefault((row, interval.kind), []).append((interval.start, interval.duration))
-        for (row, name), spans in bars.items():
-            color = kind_color(name) if color_by == "kind" else colors.get(name, "#737373")
-            axes.broken_barh(spans, (row - 0.36, 0.62), facecolors=color, edgecolor="none")
-        for (row, kind), spans in strips.items():
-            axes.broken_barh(
-                spans, (row + 0.28, 0.14), facecolors=kind_color(kind, strip=True), edgecolor="none"
-            )
-
-        legend = []
+    bars: dict[tuple[int, str], list[tuple[float, float]]] = {}
+    strips: dict[tuple[int, str], list[tuple[float, float]]] = {}
+    for interval in intervals:
+        row = row_of[interval.resource]
+        main = interval.kind if color_by == "kind" else (interval.agent or "(none)")
+        bars.setdefault((row, main), []).append((interval.start, interval.duration))
         if color_by == "agent":
-            legend += [Patch(color=colors[a], label=f"agent {a}") for a in agents]
-            if any(i.agent is None for i in intervals):
-                legend.append(Patch(color="#737373", label="no agent"))
-            legend += [Patch(color=kind_color(k, strip=True), label=f"strip: {k}") for k in kinds]
-        else:
-            legend += [Patch(color=kind_color(k), label=k) for k in kinds]
-        palette = colors if color_by == "agent" else None
-        legend += _draw_gantt_events(axes, timeline, row_of, palette, low, high)
+            strips.setdefault((row, interval.kind), []).append((interval.start, interval.duration))
+    for (row, name), spans in bars.items():
+        color = kind_color(name) if color_by == "kind" else colors.get(name, "#737373")
+        axes.broken_barh(spans, (row - 0.36, 0.62), facecolors=color, edgecolor="none")
+    for (row, kind), spans in strips.items():
+        axes.broken_barh(spans, (row + 0.28, 0.14), facecolors=kind_color(kind, strip=True), edgecolor="none")
 
-        for index in range(1, len(resources)):  # a rule between groups (rollout | train)
-            if resource_group(resources[index]) != resource_group(resources[index - 1]):
-                axes.axhline(index - 0.5, color="#525252", linewidth=1.0)
-        axes.set_yticks(range(len(resources)), resources)
-        axes.set_ylim(len(resources) - 0.5, -0.9)  # first resource on top; room for version labels
-        axes.grid(axis="y", visible=False)
-        axes.set_xlim(low, high)
+    legend = []
+    if color_by == "agent":
+        legend += [Patch(color=colors[a], label=f"agent {a}") for a in agents]
+        if any(i.agent is None for i in intervals):
+            legend.append(Patch(color="#737373", label="no agent"))
+        legend += [Patch(color=kind_color(k, strip=True), label=f"strip: {k}") for k in kinds]
+    else:
+        legend += [Patch(color=kind_color(k), label=k) for k in kinds]
+    palette = colors if color_by == "agent" else None
+    legend += _draw_gantt_events(axes, timeline, row_of, palette, low, high)
+
+    for index in range(1, len(resources)):  # a rule between groups (rollout | train)
+        if resource_group(resources[index]) != resource_group(resources[index - 1]):
+            axes.axhline(index - 0.5, color="#525252", linewidth=1.0)
+    axes.set_yticks(range(len(resources)), resources)
+    axes.set_ylim(len(resources) - 0.5, -0.9)  # first resource on top; room for version labels
+    axes.grid(axis="y", visible=False)
+    axes.set_xlim(low, high)
+    axes.set_xlabel("time (s)")
+    if legend:
+        axes.legend(handles=legend, loc="upper left", bbox_to_anchor=(1.01, 1.0))
+    if not intervals:
+        draw_no_data(axes)
+
+
+# More meshes than this get one line per (group, agent) instead of one each: 60 instance lines are a blur.
+MAX_MESH_LINES = 12
+_GROUP_LINESTYLES = {"rollout": "-", "train": "--"}
+_TIME_BINS = 40  # the bottom panel's bins when the timeline records no iterations
+
+
+def _draw_utilization_over_run(axes, timeline: Timeline, spans, shown, window, color_by: str) -> None:
+    """Each mesh's busy fraction per iteration (or per time bin) over the whole run, the pooled group
+    utilization as thick lines, and the top panel's window shaded."""
+    if spans:
+        windows = [(span.start, span.end) for span in spans]
+        x = np.array([span.iteration for span in spans], dtype=float)
+        axes.set_xlabel("iteration")
+    else:
+        start, end = _plot_window(timeline, None, None)
+        edges = np.linspace(start, end, _TIME_BINS + 1)
+        windows = list(zip(edges[:-1], edges[1:], strict=True))
+        x = (edges[:-1] + edges[1:]) / 2
         axes.set_xlabel("time (s)")
-        title = "Resource activity"
-        if resources:
-            pooled = ", ".join(
-                f"{g} {timeline.group_utilization(g, low, high):.0%}" for g in timeline.groups()
-            )
-            title += f" — utilization over [{low:.4g}, {high:.4g}] s: {pooled}"
-        axes.set_title(title)
-        if legend:
-            axes.legend(handles=legend, loc="upper left", bbox_to_anchor=(1.01, 1.0))
-        if not intervals:
-            draw_no_data(axes)
-        return [save_figure(figure, out_dir / filename)]
+    usage = utilization_per_window(timeline, windows)
+    resources = sorted(usage, key=_resource_order(timeline))
+    dominant = _dominant_agents(timeline)
+    colors = agent_colors(_timeline_agents(timeline))
+    marker = "o" if len(x) <= 40 else None
+    if len(resources) <= MAX_MESH_LINES:
+        lines = {resource: (usage[resource], resource) for resource in resources}
+    else:
+        members: dict[tuple[str, str], list[str]] = {}
+        for resource in resources:
+            members.setdefault((resource_group(resource), dominant.get(resource) or "(none)"), []).append(resource)
+        lines = {f"{group}/{agent}": (np.mean([usage[r] for r in names], axis=0),
+                                      f"{group} meshes of {agent} ({len(names)}, mean)")
+                 for (group, agent), names in members.items()}
+    # Each line in its agent's colour (dashed for training) unless two lines would look alike: then tab20.
+    palette = [colors.get(dominant.get(name) or name.split("/")[-1], "#737373") for name in lines]
+    looks = {(color, resource_group(name)) for color, name in zip(palette, lines, strict=True)}
+    if color_by == "kind" or len(looks) < len(lines):
+        palette = [colormaps["tab20"](index % 20) for index in range(len(lines))]
+    for (name, (values, label)), color in zip(lines.items(), palette, strict=True):
+        axes.plot(x, values, marker=marker, markersize=3, linewidth=1.2, color=color,
+                  linestyle=_GROUP_LINESTYLES.get(resource_group(name), ":"), label=label)
+    for group in timeline.groups():
+        members = [usage[r] for r in resources if resource_group(r) == group]
+        if len(members) > 1:
+            axes.plot(x, np.mean(members, axis=0), color="black", linewidth=2.6, alpha=0.75,
+                      linestyle=_GROUP_LINESTYLES.get(group, ":"), label=f"{group}: all meshes (mean)")
+    if shown and len(shown) < len(spans):
+        axes.axvspan(shown[0].iteration - 0.5, shown[-1].iteration + 0.5, color="#fee391", alpha=0.5,
+                     zorder=0, label="Gantt window above")
+    elif not spans and window != _plot_window(timeline, None, None):
+        axes.axvspan(*window, color="#fee391", alpha=0.5, zorder=0, label="Gantt window above")
+    if spans:
+        axes.xaxis.get_major_locator().set_params(integer=True)
+    axes.set_ylim(0, 1.02)
+    axes.set_ylabel("busy fraction")
+    axes.set_title("Utilization per mesh over the whole run" + (", per iteration" if spans else ""))
+    if resources:
+        axes.legend(loc="upper left", bbox_to_anchor=(1.01, 1.0), ncols=2 if len(lines) > 10 else 1)
+    else:
+        draw_no_data(axes)
+
+
+def _dominant_agents(timeline: Timeline) -> dict[str, str | None]:
+    """The agent each resource was busy for longest (instances migrate; the label follows most of the work)."""
+    seconds: dict[str, dict[str | None, float]] = {}
+    for interval in timeline.intervals():
+        per_agent = seconds.setdefault(interval.resource, {})
+        per_agent[interval.agent] = per_agent.get(interval.agent, 0.0) + interval.duration
+    return {resource: max(per_agent, key=per_agent.get) for resource, per_agent in seconds.items()}
 
 
 def _draw_gantt_events(axes, timeline: Timeline, row_of: dict[str, int], agent_palette, low, high) -> list:

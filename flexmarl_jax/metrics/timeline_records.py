@@ -18,6 +18,7 @@ KNOWN_KINDS = ("prefill", "decode", "train", "sync", "swap")
 # Conventional names, so the orchestrator, the balancer and the plots agree without string typos.
 MIGRATION = "migration"  # event: an instance moved from one agent to another
 POLICY_VERSION = "policy_version"  # event: an agent's policy version changed
+ITERATION_SPAN = "iteration_span"  # event at an iteration's start; attrs: iteration (its number), end (its end)
 QUEUE_LENGTH = "queue_length"  # gauge per agent: requests waiting
 INSTANCES = "instances"  # gauge per agent: rollout instances serving it
 REQUESTS = "requests"  # counter per agent: rollout requests submitted

@@ -2,7 +2,7 @@
 
 "tiny" and "small" are randomly initialised models for this CPU: their vocabulary is exactly the
 `CharTokenizer` one (104 ids). The Qwen2.5 presets copy the published shapes (config.json of
-Qwen/Qwen2.5-{0.5B,1.5B,7B,14B}) for accelerator users; load real weights with `from_pretrained`.
+Qwen/Qwen2.5-{0.5B,1.5B,7B,14B,32B}) for accelerator users; load real weights with `from_pretrained`.
 """
 
 from __future__ import annotations
@@ -91,6 +91,21 @@ PRESETS: dict[str, ModelConfig] = {
         hidden_size=5120,
         intermediate_size=13824,
         num_layers=48,
+        num_heads=40,
+        num_kv_heads=8,
+        head_dim=128,
+        rope_theta=1000000.0,
+        rms_norm_eps=1e-5,
+        tie_word_embeddings=False,
+        qkv_bias=True,
+        max_position_embeddings=32768,
+    ),
+    # The largest shape the FlexMARL paper trains (its coding-agent team); used by the emulated benches.
+    "qwen2.5-32b": ModelConfig(
+        vocab_size=152064,
+        hidden_size=5120,
+        intermediate_size=27648,
+        num_layers=64,
         num_heads=40,
         num_kv_heads=8,
         head_dim=128,

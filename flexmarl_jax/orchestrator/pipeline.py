@@ -286,7 +286,9 @@ class JointOrchestrator:
         self.sync_all()
         # The wall-clock fields cover the whole iteration, checkpoint and weight sync included; the record
         # the journal kept with the checkpoint has none (a resumed run writes it without them).
-        record.update(self.timeline.iteration_timing(t0, self.timeline.now(), record["generated_tokens"]))
+        t1 = self.timeline.now()
+        record.update(self.timeline.iteration_timing(t0, t1, record["generated_tokens"]))
+        self.timeline.record_iteration(iteration, t0, t1)  # the Gantt chart's windows (metrics/iteration_windows.py)
         return record
 
     def _begin_rollout(self, iteration: int) -> _Rollout:

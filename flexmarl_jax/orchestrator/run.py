@@ -202,8 +202,11 @@ def build_evaluator(config: RunConfig, orchestrator: JointOrchestrator) -> TeamE
                          orchestrator.sampling, samples=config.eval.samples)
 
 
-def run_training(config: RunConfig) -> int:
+def run_training(config: RunConfig, *, gantt_iterations: int | None = None) -> int:
     """Runs `config.iterations` iterations (resuming from the workdir); returns a process exit code.
+
+    gantt_iterations: the plots' Gantt window, the last k iterations (None: the plots' default; 0: the whole
+    run); a presentation choice of `flexmarl train --gantt-iterations`, not part of the config.
 
     With `eval.enabled`, the team is evaluated on the held-out problems after warm-up (before the first update),
     after every `eval.every` iterations and after the last one (`evaluation.evaluation_due`); an evaluation
@@ -250,7 +253,7 @@ def run_training(config: RunConfig) -> int:
     metrics.print_summary(writer.records)
     from flexmarl_jax.metrics import plots
 
-    paths = plots.plot_all(workdir, timeline)
+    paths = plots.plot_all(workdir, timeline, gantt_iterations=gantt_iterations)
     print(f"run finished in {time.monotonic() - started:.1f}s; metrics: {os.path.join(workdir, 'metrics.jsonl')}; "
           f"plots: {', '.join(str(p) for p in paths)}")
     return 0

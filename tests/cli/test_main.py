@@ -54,6 +54,8 @@ def test_unknown_command_and_benchmark(capsys):
     (["--config.train.micro_batch_size"], "--config.train.micro_batch_size needs a value"),  # nothing follows
     (["--wrkdir=runs/x"], "unknown flag --wrkdir"),
     (["--config.pipeline.balancing", "false", "stray"], "unexpected argument(s) ['stray']"),
+    (["--gantt-iterations=-1"], "--gantt-iterations='-1' is not an int >= 0: the iterations the Gantt chart draws"),
+    (["--gantt-iterations", "three"], "--gantt-iterations='three' is not an int >= 0"),
 ])
 def test_bad_input_stops_before_any_work_in_process(capsys, args, fragment):
     # In-process, with pytest's own sys.argv: the flags must come from `argv`, never from sys.argv.
@@ -77,6 +79,24 @@ def test_flags_are_parsed_from_the_given_argv_space_separated_too():
         RunConfig.from_config(config)
     assert parse_train_flags([]).config.workflow.name == "chain"  # the embedded default
     assert parse_train_flags([]).verbosity is None
+    assert parse_train_flags([]).gantt_iterations is None  # the plots' default
+    assert parse_train_flags(["--gantt-iterations", "0"]).gantt_iterations == 0
+
+
+def test_gantt_iterations_reach_the_run(monkeypatch):
+    """`flexmarl train --gantt-iterations=K` hands K to `run_training` (which passes it to `plot_all`)."""
+    import types
+
+    import flexmarl_jax.cli.main as cli
+
+    calls = []
+    fake_run = types.ModuleType("flexmarl_jax.orchestrator.run")
+    fake_run.run_training = lambda config, **kwargs: calls.append(kwargs) or 0
+    monkeypatch.setitem(sys.modules, "flexmarl_jax.orchestrator.run", fake_run)
+    monkeypatch.setattr(cli, "_prepare_devices", lambda count: count)
+    assert main(["train", "--gantt-iterations=7"]) == 0
+    assert main(["train"]) == 0
+    assert calls == [{"gantt_iterations": 7}, {"gantt_iterations": None}]
 
 
 def test_train_help_lists_every_field_without_jax():

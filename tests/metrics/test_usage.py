@@ -45,6 +45,7 @@ def run_iterations(
             for agent in AGENTS:
                 timeline.record_policy_version(agent, iteration + 1)
             t1 = timeline.now()
+            timeline.record_iteration(iteration, t0, t1)
             record = {
                 "iteration": iteration,
                 "team_accuracy": 0.1 * iteration,
@@ -86,6 +87,9 @@ def test_docstring_usage_runs_and_resumes(tmp_path):
     assert len(output.getvalue().splitlines()) == 3  # one progress line per iteration run
     assert len(metrics.Timeline.load(tmp_path).events(metrics.POLICY_VERSION)) == 3 * len(AGENTS)
     assert metrics.Timeline.load(tmp_path).counter_total(metrics.REQUESTS) == 3 * 9
+    spans = metrics.iteration_spans(metrics.Timeline.load(tmp_path))  # the iterations survive save and resume
+    assert [span.iteration for span in spans] == [0, 1, 2]
+    assert all(a.end <= b.start for a, b in zip(spans, spans[1:], strict=False))
 
     written = plots.plot_all(tmp_path)
     assert len(written) == 4  # curves, time breakdown, gantt, load (no kl/clip/entropy recorded)

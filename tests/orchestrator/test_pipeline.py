@@ -7,6 +7,7 @@ import jax
 import numpy as np
 import pytest
 
+from flexmarl_jax import metrics
 from flexmarl_jax.orchestrator.invariants import InvariantViolation
 from flexmarl_jax.workflows.scripted import constant_latency, long_tail_latency
 
@@ -17,8 +18,10 @@ from .conftest import AGENTS, QUERIES, SAMPLES, flat_params
 @pytest.mark.parametrize("mode", ["flexmarl", "sync", "serial"])
 def test_strict_iterations_consume_every_sample_once(orchestrator_factory, mode):
     orchestrator, rollout = orchestrator_factory(mode)
+    records = []
     for iteration in range(2):
         record = orchestrator.run_iteration(iteration)
+        records.append(record)
         assert record["policy_version"] == {agent: iteration + 1 for agent in AGENTS}
         solver = record["agent"]["solver"]
         assert solver["samples"] == QUERIES * SAMPLES
@@ -32,6 +35,11 @@ def test_strict_iterations_consume_every_sample_once(orchestrator_factory, mode)
     assert orchestrator.checker.checks >= 2 * 2 * 2 * QUERIES * SAMPLES
     # the new weights reached rollout after each update, in order
     assert [v for a, v in rollout.synced if a == "solver"] == [0, 1, 2]
+    # each iteration's span is on the timeline (the Gantt chart's windows), as long as its record's e2e_s
+    spans = metrics.iteration_spans(orchestrator.timeline)
+    assert [span.iteration for span in spans] == [0, 1] and spans[0].end <= spans[1].start
+    for span, record in zip(spans, records, strict=True):
+        assert span.end - span.start == pytest.approx(record["e2e_s"], abs=1e-9)
 
 
 @pytest.mark.timeout(240)

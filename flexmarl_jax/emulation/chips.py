@@ -1,0 +1,129 @@
+"""The accelerators an emulated run can pretend to have: each one's published peak figures.
+
+Every number is the vendor's public spec-sheet figure for one chip (dense, no sparsity), with the page it
+comes from beside it. Where a page states a figure in more than one way, the comment says which one is used
+and why. Pure Python (no JAX): the config and the benches resolve chips before anything heavy starts.
+
+Units: FLOP/s, bytes/s and bytes, in SI (1 GB = 1e9 bytes), as the spec sheets print them.
+
+Interconnect figures are the spec sheets' *bidirectional* bandwidth per chip (all of a chip's links, both
+directions together). One direction of that is half: a ring collective or a point-to-point copy sends over
+each link one way at a time, so the cost model uses `interconnect_one_way_bytes_per_s`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+
+@dataclasses.dataclass(frozen=True)
+class Chip:
+    """One accelerator chip's published peaks.
+
+    name: the key `--emulate CHIP:MODEL` takes.
+    title: the product name.
+    peak_bf16_flops: dense bf16 matmul peak, FLOP/s.
+    hbm_bytes_per_s: HBM bandwidth, bytes/s.
+    hbm_bytes: HBM capacity, bytes.
+    interconnect: the chip-to-chip link's name (ICI, NVLink).
+    interconnect_bytes_per_s: its bidirectional bandwidth per chip, bytes/s.
+    source: the spec page the figures come from.
+    """
+
+    name: str
+    title: str
+    peak_bf16_flops: float
+    hbm_bytes_per_s: float
+    hbm_bytes: float
+    interconnect: str
+    interconnect_bytes_per_s: float
+    source: str
+
+    @property
+    def interconnect_one_way_bytes_per_s(self) -> float:
+        """What one direction of the chip's links carries: half the published bidirectional figure."""
+        return self.interconnect_bytes_per_s / 2
+
+
+@dataclasses.dataclass(frozen=True)
+class Link:
+    """A data path between meshes or hosts, one direction: `bytes_per_s` after `latency_s` per transfer."""
+
+    name: str
+    bytes_per_s: float
+    latency_s: float = 0.0
+
+
+CHIPS: dict[str, Chip] = {
+    # Cloud TPU v5e page, "System architecture" table: 197 TFLOPs bf16 per chip; HBM2 16 GB at 819 GBps;
+    # bidirectional ICI bandwidth 400 GBps per chip. (An older version of the page gave the ICI figure as
+    # "1600 Gbps" = 200 GB/s; the current table's 400 GBps bidirectional is used.)
+    "v5e": Chip(
+        name="v5e", title="Cloud TPU v5e", peak_bf16_flops=197e12, hbm_bytes_per_s=819e9, hbm_bytes=16e9,
+        interconnect="ICI", interconnect_bytes_per_s=400e9,
+        source="https://cloud.google.com/tpu/docs/v5e",
+    ),
+    # Cloud TPU v5p page, key specifications: 459 TFLOPs bf16 per chip; HBM2e 95 GB at 2765 GBps;
+    # bidirectional ICI bandwidth 1200 GBps per chip (older wording: "4800 Gbps").
+    "v5p": Chip(
+        name="v5p", title="Cloud TPU v5p", peak_bf16_flops=459e12, hbm_bytes_per_s=2765e9, hbm_bytes=95e9,
+        interconnect="ICI", interconnect_bytes_per_s=1200e9,
+        source="https://cloud.google.com/tpu/docs/v5p",
+    ),
+    # Cloud TPU v6e (Trillium) page, "System architecture" table: 918 TFLOPs bf16 per chip; HBM 32 GB at
+    # 1638 GBps; bidirectional ICI bandwidth 800 GBps per chip.
+    "v6e": Chip(
+        name="v6e", title="Cloud TPU v6e (Trillium)", peak_bf16_flops=918e12, hbm_bytes_per_s=1638e9,
+        hbm_bytes=32e9, interconnect="ICI", interconnect_bytes_per_s=800e9,
+        source="https://cloud.google.com/tpu/docs/v6e",
+    ),
+    # NVIDIA H100 product page / datasheet, SXM column: BF16 Tensor Core 1,979 TFLOPS "with sparsity", so
+    # 989.5 TFLOPS dense; 80 GB HBM3 at 3.35 TB/s; NVLink 900 GB/s (bidirectional per GPU).
+    "h100": Chip(
+        name="h100", title="NVIDIA H100 SXM", peak_bf16_flops=989.5e12, hbm_bytes_per_s=3.35e12, hbm_bytes=80e9,
+        interconnect="NVLink", interconnect_bytes_per_s=900e9,
+        source="https://www.nvidia.com/en-us/data-center/h100/",
+    ),
+    # NVIDIA H200 product page / datasheet, SXM column: BF16 Tensor Core 1,979 TFLOPS with sparsity (989.5
+    # dense, the same Hopper die as H100); 141 GB HBM3e at 4.8 TB/s; NVLink 900 GB/s.
+    "h200": Chip(
+        name="h200", title="NVIDIA H200 SXM", peak_bf16_flops=989.5e12, hbm_bytes_per_s=4.8e12, hbm_bytes=141e9,
+        interconnect="NVLink", interconnect_bytes_per_s=900e9,
+        source="https://www.nvidia.com/en-us/data-center/h200/",
+    ),
+}
+
+# Links between meshes that are not one chip's interconnect, one direction each.
+LINKS: dict[str, Link] = {
+    # PCIe 5.0 x16: 32 GT/s x 16 lanes with 128b/130b encoding ~ 63 GB/s per direction (PCI-SIG's PCIe 5.0
+    # base specification; NVIDIA's H100/H200 pages print it as "PCIe Gen5: 128 GB/s", both directions).
+    "pcie5": Link("pcie5", 63e9),
+    # PCIe 4.0 x16: 16 GT/s x 16 lanes, 128b/130b ~ 31.5 GB/s per direction (PCI-SIG's PCIe 4.0 spec).
+    "pcie4": Link("pcie4", 31.5e9),
+    # A 100 Gbit/s data-center NIC (TPU v5e hosts have two: the v5e page's "2 x 100 Gbps NIC" per host).
+    "dcn100": Link("dcn100", 12.5e9),
+}
+
+
+def get_chip(name: str) -> Chip:
+    """The chip called `name` (case-insensitive); ValueError naming the value and the choices otherwise."""
+    chip = CHIPS.get(str(name).strip().lower())
+    if chip is None:
+        raise ValueError(f"unknown chip {name!r}; choices: {', '.join(sorted(CHIPS))}")
+    return chip
+
+
+def interconnect_link(chip: Chip) -> Link:
+    """A chip's own interconnect as a `Link` (one direction): weight copies between meshes of one slice."""
+    return Link(f"{chip.name}-{chip.interconnect.lower()}", chip.interconnect_one_way_bytes_per_s)
+
+
+def get_link(name: str, chip: Chip | None = None) -> Link:
+    """A link by name: one of `LINKS`, or "ici"/"nvlink" for `chip`'s interconnect; ValueError otherwise."""
+    key = str(name).strip().lower()
+    if chip is not None and key == chip.interconnect.lower():
+        return interconnect_link(chip)
+    if key in LINKS:
+        return LINKS[key]
+    own = [chip.interconnect.lower()] if chip is not None else []
+    raise ValueError(f"unknown link {name!r}; choices: {', '.join(own + sorted(LINKS))}")

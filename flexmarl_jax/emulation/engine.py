@@ -1,0 +1,261 @@
+"""`EmulatedEngine`: a stand-in under JetStream's Engine API whose steps take the cost model's time and whose
+tokens are scripted, so the real rollout loop, `EngineInstance`, router and balancer run above it and
+hundreds of emulated instances fit on one host.
+
+It answers the calls `RolloutLoop` makes of `FlexEngine` (`prefill_batch`, `insert_many`, `generate`,
+`init_decode_state`, plus the Engine API's `prefill` / `insert`) with host-side numpy state, no model.
+
+The device is a queue. Each prefill or generate is enqueued on it: it starts when the device is free (or
+now, if it is idle), lasts the cost model's device seconds divided by the compression, and its result is
+ready then. Like a real accelerator's asynchronous dispatch, the call returns at once and the host blocks
+only when it reads the result (`convert_to_numpy`), so the loop's own bookkeeping overlaps the emulated
+device, as it overlaps a real one. Inserting a prefix into slots is taken as free (a KV copy on-device).
+
+What a step costs (see cost_model.py):
+* a prefill call: `prefill_s(rows, tokens)` over its real rows (the loop pads a call with dummy rows, which
+  carry no sampling settings), `tokens` their mean prompt length;
+* a generate call: `decode_step_s(live slots, their mean context)`: only slots still producing tokens count,
+  as in a paged-attention engine (our FlexEngine computes every slot; the engines the FlexMARL paper measures
+  do not). The attention cost is linear in the context, so the mean context is exact for the sum.
+
+Tokens: each sample emits `ScriptedTokens.length(seed, sample_index)` tokens, the last of them EOS; a
+sequence whose request allows fewer new tokens is ended by the loop at its `max_new_tokens`, and its slot is
+charged until the script's end or until the slot is reused (scripts should stay within the budget).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import threading
+import time
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+from flax import struct
+
+from flexmarl_jax.emulation.cost_model import CostModel
+from flexmarl_jax.emulation.timescale import TimeScale
+from flexmarl_jax.rollout.jetstream_compat import engine_api, tokenizer_pb2
+from flexmarl_jax.rollout.results import LogProbResultTokens
+from flexmarl_jax.rollout.settings import EngineConfig
+
+SCRIPTED_LOGPROB = -1.0  # every scripted token's behaviour log-prob (finite, as importance weights need)
+
+
+@dataclasses.dataclass(frozen=True)
+class ScriptedTokens:
+    """What an emulated sample says: `length(seed, sample_index)` tokens (>= 1), `filler_id` then `eos_id`."""
+
+    eos_id: int
+    filler_id: int
+    length: Callable[[int, int], int]
+
+    def tokens_for(self, seed: int, sample_index: int) -> int:
+        count = int(self.length(int(seed), int(sample_index)))
+        if count < 1:
+            raise ValueError(f"scripted length {count} for seed={seed} sample {sample_index}; need >= 1")
+        return count
+
+
+def fixed_length(tokens: int) -> Callable[[int, int], int]:
+    """A script where every sample is `tokens` long."""
+    return lambda seed, sample_index: tokens
+
+
+class DeviceQueue:
+    """One emulated device's timeline: work runs back to back, each item after the previous one.
+
+    `host_stall_s` is the wall time the device sat idle waiting for the host *while a run had more work for
+    it* (`follows_work`): the host's overhead that did not hide behind the device. `host_stall_share` puts it
+    over the device's compressed busy time; `TimeScale.overhead_within_bound`'s 10% applies to it.
+    """
+
+    def __init__(self, timescale: TimeScale, clock: Callable[[], float] = time.perf_counter):
+        self.timescale = timescale
+        self.clock = clock
+        self._free_at = clock()
+        self._lock = threading.Lock()
+        self.device_s = 0.0  # device seconds enqueued so far (uncompressed)
+        self.host_stall_s = 0.0  # wall seconds
+        self.calls = 0
+
+    def enqueue(self, device_s: float, *, follows_work: bool = False) -> float:
+        """Schedules `device_s` device seconds; returns the wall-clock time the work is done. With
+        `follows_work`, an idle gap before it counts as host stall."""
+        with self._lock:
+            now = self.clock()
+            if follows_work and now > self._free_at:
+                self.host_stall_s += now - self._free_at
+            start = max(now, self._free_at)
+            self._free_at = start + self.timescale.wall_s(device_s)
+            self.device_s += device_s
+            self.calls += 1
+            return self._free_at
+
+    @property
+    def host_stall_share(self) -> float:
+        """Host stall over the device's busy wall time (0.0 before any work)."""
+        busy = self.timescale.wall_s(self.device_s)
+        return self.host_stall_s / busy if busy > 0 else 0.0
+
+    def wait_until(self, ready_at: float) -> None:
+        """Blocks the host until `ready_at` (the moment a result it reads comes back)."""
+        remaining = ready_at - self.clock()
+        if remaining > 0:
+            time.sleep(remaining)
+
+
+@struct.dataclass
+class EmulatedResult(LogProbResultTokens):
+    """A generate step's results, readable on the host once the emulated device has finished the step."""
+
+    ready_at: float = struct.field(pytree_node=False, default=0.0)
+    queue: Any = struct.field(pytree_node=False, default=None)
+
+    def convert_to_numpy(self) -> LogProbResultTokens:
+        if self.queue is not None:
+            self.queue.wait_until(self.ready_at)
+        return LogProbResultTokens(data=self.data, tokens_idx=self.tokens_idx, valid_idx=self.valid_idx,
+                                   length_idx=self.length_idx, samples_per_slot=self.samples_per_slot,
+                                   logprobs_idx=self.logprobs_idx)
+
+
+@dataclasses.dataclass
+class EmulatedPrefix:
+    """A prefill's result: per row, its prompt length and seed (its KV cache exists only as a cost)."""
+
+    true_length: np.ndarray  # [rows] int
+    seed: np.ndarray  # [rows] int
+
+
+@dataclasses.dataclass
+class EmulatedDecodeState:
+    """Per slot: the next position, tokens generated, seed, sample index, scripted length, whether live."""
+
+    positions: np.ndarray
+    generated: np.ndarray
+    seed: np.ndarray
+    sample_index: np.ndarray
+    target: np.ndarray
+    live: np.ndarray
+
+
+class EmulatedEngine(engine_api.Engine):
+    """A `FlexEngine` look-alike whose device time is `cost_model`'s, compressed by `timescale`.
+
+    Args:
+      cost_model: the model on its chips (one instance's replica).
+      engine_config: slots, prompt buckets and cache length, as for FlexEngine.
+      tokenizer: the agent's tokenizer (pad / EOS ids, stop strings).
+      script: the tokens each sample emits.
+      timescale: device seconds -> wall seconds (default: real time).
+      clock: the wall clock (tests may pass a fake one).
+    """
+
+    def __init__(self, cost_model: CostModel, engine_config: EngineConfig, tokenizer: Any, script: ScriptedTokens,
+                 *, timescale: TimeScale | None = None, clock: Callable[[], float] = time.perf_counter):
+        self.cost_model = cost_model
+        self.model_config = cost_model.model
+        self.config = engine_config
+        self.tokenizer = tokenizer
+        self.script = script
+        self.device = DeviceQueue(timescale or TimeScale(), clock)
+        self._decoding = False  # whether the last generate left live slots (the loop then calls again at once)
+
+    # ----------------------------------------------------------------- what the rollout loop calls
+    def init_decode_state(self, *args, **kwargs) -> EmulatedDecodeState:
+        slots = self.max_concurrent_decodes
+        zeros = np.zeros((slots,), np.int64)
+        return EmulatedDecodeState(positions=zeros.copy(), generated=zeros.copy(), seed=zeros.copy(),
+                                   sample_index=zeros.copy(), target=zeros.copy(), live=np.zeros((slots,), bool))
+
+    def prefill_batch(self, params: Any, padded_tokens, true_lengths, samplings) -> EmulatedPrefix:
+        true_lengths = np.asarray(true_lengths, dtype=np.int64)
+        real = [index for index, sampling in enumerate(samplings) if sampling is not None] or [0]
+        tokens = float(np.mean(true_lengths[real]))
+        self.device.enqueue(self.cost_model.prefill_s(len(real), max(1, round(tokens))), follows_work=self._decoding)
+        seeds = np.asarray([(s.seed if s is not None else 0) for s in samplings], dtype=np.int64)
+        return EmulatedPrefix(true_length=true_lengths, seed=seeds)
+
+    def insert_many(self, prefix: EmulatedPrefix, decode_state: EmulatedDecodeState, slots, sample_indices,
+                    rows=None) -> EmulatedDecodeState:
+        rows = [0] * len(slots) if rows is None else list(rows)
+        state = decode_state
+        for slot, sample_index, row in zip(slots, sample_indices, rows, strict=True):
+            seed = int(prefix.seed[row])
+            state.positions[slot] = prefix.true_length[row]
+            state.generated[slot] = 0
+            state.seed[slot] = seed
+            state.sample_index[slot] = sample_index
+            state.target[slot] = self.script.tokens_for(seed, sample_index)
+            state.live[slot] = True
+        return state
+
+    def generate(self, params: Any, decode_state: EmulatedDecodeState) -> tuple[EmulatedDecodeState, EmulatedResult]:
+        state = decode_state
+        live = state.live.copy()
+        count = int(live.sum())
+        device_s = self.cost_model.decode_step_s(count, float(state.positions[live].mean())) if count else 0.0
+        ready_at = self.device.enqueue(device_s, follows_work=self._decoding)
+        last = live & (state.generated + 1 >= state.target)
+        tokens = np.where(last, self.script.eos_id, self.script.filler_id)
+        state.generated += 1
+        valid = state.positions < self.config.cache_length
+        state.positions += 1
+        state.live &= ~last
+        self._decoding = bool(state.live.any())
+        logprobs = np.full(tokens.shape, SCRIPTED_LOGPROB, np.float32)
+        data = np.stack([tokens.astype(np.int32), valid.astype(np.int32), state.generated.astype(np.int32),
+                         logprobs.view(np.int32)], axis=-1)
+        result = EmulatedResult(data=data, tokens_idx=(0, 1), valid_idx=(1, 2), length_idx=(2, 3),
+                                samples_per_slot=1, logprobs_idx=(3, 4), ready_at=ready_at, queue=self.device)
+        return state, result
+
+    # ----------------------------------------------------------------- the rest of the Engine API
+    def prefill(self, *, params: Any, existing_prefix: Any = None, padded_tokens, true_length: int,
+                sampling: Any = None) -> EmulatedPrefix:
+        if existing_prefix is not None:
+            raise NotImplementedError("EmulatedEngine does not continue from an existing prefix")
+        return self.prefill_batch(params, np.asarray(padded_tokens)[None], [int(true_length)], [sampling])
+
+    def insert(self, prefix: EmulatedPrefix, decode_state: EmulatedDecodeState, slot: int, *,
+               sample_index: int = 0, row: int = 0) -> EmulatedDecodeState:
+        return self.insert_many(prefix, decode_state, [slot], [sample_index], [row])
+
+    def load_params(self, *args, **kwargs) -> Any:
+        raise NotImplementedError("an emulated engine has no weights; EngineInstance gets a placeholder")
+
+    def get_prefix_destination_sharding(self) -> Any:
+        return None
+
+    def get_tokenizer(self) -> Any:
+        return tokenizer_pb2.TokenizerParameters(path=f"emulated:{type(self.tokenizer).__name__}", extra_ids=0)
+
+    @property
+    def max_concurrent_decodes(self) -> int:
+        return self.config.max_concurrent_decodes
+
+    @property
+    def samples_per_slot(self) -> int:
+        return 1
+
+    @property
+    def max_prefill_length(self) -> int:
+        return self.config.max_prefill_length
+
+    @property
+    def mesh(self) -> Any:
+        return None
+
+    @property
+    def colocated_cpus(self) -> None:
+        return None
+
+
+def placeholder_params() -> Any:
+    """What an `EngineInstance` over an emulated engine serves: one scalar (weight syncs swap it, and its
+    version, like real weights; their transfer time is the weight-sync emulation's business)."""
+    import jax.numpy as jnp
+
+    return {"emulated": jnp.zeros((), jnp.int32)}
