@@ -10,6 +10,7 @@ from collections.abc import AsyncIterator
 from typing import Any
 
 import grpc
+import numpy as np
 
 from flexmarl_jax.rollout.jetstream_compat import jetstream_pb2, load_orchestrator
 from flexmarl_jax.serve.request_checks import RequestLimits, decode_request_problem
@@ -38,6 +39,12 @@ class CheckedOrchestrator(orchestrator.LLMOrchestrator):
         super().__init__(driver=driver)
         self._tokenizer = tokenizer
         self._limits = limits
+
+    def _get_prefill_content(self, request: jetstream_pb2.DecodeRequest) -> tuple[str | np.ndarray, bool]:
+        """Token content as an int32 array instead of JetStream's list: its `pad_tokens` reads `tokens.shape`
+        when it adds no BOS (a list has none, and the prefill thread would die), and arrays work either way."""
+        content, client_side = super()._get_prefill_content(request)
+        return (np.asarray(content, dtype=np.int32) if client_side else content), client_side
 
     async def Decode(  # noqa: N802  (the gRPC method's name)
         self, request: jetstream_pb2.DecodeRequest, context: grpc.aio.ServicerContext | None = None
