@@ -36,15 +36,17 @@ def test_driver_returns_the_in_process_loops_greedy_tokens(engine, tiny_model):
         prefill_engines=[engine], generate_engines=[engine], prefill_params=[tiny_model.params],
         generate_params=[tiny_model.params], interleaved_mode=True,
     )
-    try:
-        server = orchestrator.LLMOrchestrator(driver=driver)
+    server = orchestrator.LLMOrchestrator(driver=driver)
 
-        async def run_all():
+    async def run_all():
+        # The Driver is stopped while the loop still runs: its detokenize thread hands the end of each stream
+        # to the loop in two calls, and one after the loop closed raises there, which SIGKILLs the process.
+        try:
             return await asyncio.gather(*(_decode(server, t, max_tokens) for t in texts))
+        finally:
+            await asyncio.to_thread(driver.stop)
 
-        served = asyncio.run(run_all())
-    finally:
-        driver.stop()
+    served = asyncio.run(run_all())
     eos = tiny_model.tokenizer.eos_id
     for (result,), tokens in zip(in_process, served, strict=True):
         # JetStream does not stream the stop token itself; our loop keeps it (RL needs its log-prob)
