@@ -7,6 +7,7 @@ greedy generation in this process (`AgentChat`, the in-process RolloutLoop on th
 from __future__ import annotations
 
 import concurrent.futures
+import re
 import signal
 import time
 import urllib.request
@@ -148,18 +149,27 @@ def test_the_longest_accepted_prompt_is_served(stub, in_process):
 
 @pytest.mark.timeout(400)
 def test_sigterm_with_streams_open_stops_the_server_within_10_s(trained_run):
-    """Two slots, many long requests: when the first token arrives most streams are still open (queued or
-    decoding); SIGTERM must cancel them and end the process (exit status 0) within 10 s. This server also
-    exports JetStream's Prometheus gauges, labelled with the agent."""
-    port, metrics_port = free_port(), free_port()
-    process = ServerProcess([trained_run, "--agent", AGENT, "--port", str(port), "--slots", "2",
-                             "--max-new-tokens", "256", "--metrics-port", str(metrics_port)])
+    """Every agent of the run, each on its own (free) port with two slots; many long requests to the solver:
+    when its first token arrives most streams are still open (queued or decoding); SIGTERM must cancel them
+    and end the process (exit status 0) within 10 s. This server also exports JetStream's Prometheus gauges,
+    labelled with the agent."""
+    metrics_port = free_port()
+    process = ServerProcess([trained_run, "--port", "0", "--slots", "2", "--max-new-tokens", "256",
+                             "--metrics-port", str(metrics_port)])
     try:
         process.wait_for("ready", timeout_s=240)
+        ports = dict(re.findall(r"agent (\w+) \(policy_version \d+\) on 127\.0\.0\.1:(\d+):",
+                                "\n".join(process.lines)))
+        assert sorted(ports) == ["corrector", "solver", "verifier"] and len(set(ports.values())) == 3
+        for agent_port in ports.values():
+            with grpc.insecure_channel(f"127.0.0.1:{agent_port}") as channel:
+                health = jetstream_pb2_grpc.OrchestratorStub(channel).HealthCheck(jetstream_pb2.HealthCheckRequest())
+                assert health.is_live
         with urllib.request.urlopen(f"http://127.0.0.1:{metrics_port}/metrics", timeout=10) as page:
             metrics = page.read().decode()
-        assert f'jetstream_prefill_backlog_size{{id="{AGENT}"}}' in metrics
-        channel = grpc.insecure_channel(f"127.0.0.1:{port}")
+        for agent in ports:
+            assert f'jetstream_prefill_backlog_size{{id="{agent}"}}' in metrics
+        channel = grpc.insecure_channel(f"127.0.0.1:{ports[AGENT]}")
         stub = jetstream_pb2_grpc.OrchestratorStub(channel)
         calls = [stub.Decode(_text_request(f"rev:{'abcdefgh'[i % 8]}{'hgfedcba'[i % 7]}c=", 256), timeout=120)
                  for i in range(48)]
