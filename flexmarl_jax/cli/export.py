@@ -73,7 +73,7 @@ def export_agent(workdir: str, agent: str, out: str, *, policy_version: int | No
     out = os.path.abspath(out)
     _check_output(out, force, protected=[workdir] + ([source.checkpoint_dir] if source.checkpoint_dir else []))
 
-    snapshot = _restore_matching(checkpoints, policy_version, source, agent)
+    snapshot = restore_matching_policy(checkpoints, policy_version, source, agent)
     created = _make_parents(out)
     staging = tempfile.mkdtemp(prefix=f".{os.path.basename(out)}.export-", dir=os.path.dirname(out))
     try:
@@ -93,7 +93,9 @@ def export_agent(workdir: str, agent: str, out: str, *, policy_version: int | No
                         param_count(snapshot.params), dtype)
 
 
-def _agent_source(workdir: str, agent: str) -> _Source:
+def read_run_config(workdir: str):
+    """The `RunConfig` a `flexmarl train` workdir was written with (its config.json); ExportError (one line)
+    when the file is missing or invalid."""
     from flexmarl_jax.config import RunConfig
 
     path = os.path.join(workdir, "config.json")
@@ -102,11 +104,16 @@ def _agent_source(workdir: str, agent: str) -> _Source:
     try:
         with open(path) as handle:
             values = json.load(handle)
-        config = RunConfig.from_config(values)
+        return RunConfig.from_config(values)
     except (json.JSONDecodeError, ConfigError) as error:
         raise ExportError(f"{path}: {error}") from None
+
+
+def agent_source(config, agent: str, workdir: str) -> _Source:
+    """Where ``agent`` of the run ``config`` (read from ``workdir``) got its model and tokenizer."""
     if agent not in config.agents:
-        raise ExportError(f"unknown agent {agent!r}; agents in {path}: {', '.join(config.agents)}")
+        raise ExportError(f"unknown agent {agent!r}; agents in {os.path.join(workdir, 'config.json')}: "
+                          f"{', '.join(config.agents)}")
     model = config.agents[agent].model
     from flexmarl_jax.models.hf_directory import inspect_checkpoint_dir, is_checkpoint_dir
     from flexmarl_jax.models.presets import get_preset
@@ -121,6 +128,10 @@ def _agent_source(workdir: str, agent: str) -> _Source:
     return _Source(model, info.model_config, info.tokenizer, info.path)
 
 
+def _agent_source(workdir: str, agent: str) -> _Source:
+    return agent_source(read_run_config(workdir), agent, workdir)
+
+
 def _check_output(out: str, force: bool, protected: list[str]) -> None:
     for path in map(os.path.abspath, protected):  # --force must never delete the run or the model it came from
         if os.path.commonpath([out, path]) == out:
@@ -131,7 +142,7 @@ def _check_output(out: str, force: bool, protected: list[str]) -> None:
         raise ExportError(f"--out {out} is not empty; pass --force to replace it")
 
 
-def _restore_matching(checkpoints: str, policy_version: int | None, source: _Source, agent: str):
+def restore_matching_policy(checkpoints: str, policy_version: int | None, source: _Source, agent: str):
     """The saved policy, after checking that the agent's model source still describes it (the tokenizer
     files come from that source, so a source that changed since training would export the wrong ones)."""
     from flexmarl_jax.train.checkpoint import restore_policy

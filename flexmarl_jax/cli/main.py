@@ -1,4 +1,4 @@
-"""`flexmarl` — train, bench, inspect, export.
+"""`flexmarl` — train, bench, inspect, export, serve, chat.
 
 Each subcommand is a thin shell over a function tests can call directly. Heavy imports (JAX, JetStream,
 TensorFlow) happen inside the subcommand that needs them, so `flexmarl --help` stays fast.
@@ -21,6 +21,8 @@ COMMANDS_HELP = """commands:
   bench     run a benchmark: flexmarl bench NAME [--json PATH] (flexmarl bench --list)
   inspect   summarise a workdir (experience store tables, metrics)
   export    write a trained agent as a Hugging Face model directory: WORKDIR --agent NAME --out DIR [--version V]
+  serve     serve a run's agents over JetStream's gRPC API: WORKDIR [--agent NAME] [--version V] [--host H] [--port P]
+  chat      ask one agent (--agent NAME) or the whole team (--team) of a run questions, interactively
 """
 
 
@@ -119,7 +121,103 @@ def cmd_export(argv: list[str]) -> int:
     return 0
 
 
-COMMANDS = {"train": cmd_train, "bench": cmd_bench, "inspect": cmd_inspect, "export": cmd_export}
+def cmd_serve(argv: list[str]) -> int:
+    parser = argparse.ArgumentParser(
+        prog="flexmarl serve",
+        description="Serve one agent of a run, or every agent on its own port (--port, --port + 1, ...), with "
+                    "JetStream's Driver and gRPC service (Orchestrator: Decode, HealthCheck); greedy decoding. "
+                    "SIGINT or SIGTERM cancels the streams in flight and stops the server.")
+    parser.add_argument("workdir", help="the run's --workdir (holds config.json and checkpoints/)")
+    parser.add_argument("--agent", default=None, help="the agent to serve (default: every agent of the run)")
+    parser.add_argument("--version", type=int, default=None, help="the policy version to serve (default: latest)")
+    parser.add_argument("--host", default="127.0.0.1", help="the address to listen on (default: 127.0.0.1)")
+    parser.add_argument("--port", type=int, default=9000,
+                        help="the first agent's gRPC port (default 9000; 0: any free port, printed)")
+    parser.add_argument("--metrics-port", type=int, default=0,
+                        help="serve JetStream's Prometheus metrics on this port of --host (default 0: no metrics)")
+    parser.add_argument("--slots", type=int, default=0,
+                        help="concurrent sequences per agent (default 0: the run's decode slots)")
+    parser.add_argument("--max-new-tokens", type=int, default=0,
+                        help="the largest max_tokens a request may ask for (default 0: rollout.max_response_length)")
+    args = parser.parse_args(argv)
+    for flag, value in (("--port", args.port), ("--metrics-port", args.metrics_port)):
+        if not 0 <= value <= 65535:
+            print(f"flexmarl serve: {flag} {value} must be in [0, 65535]", file=sys.stderr)
+            return 2
+    from flexmarl_jax.serve.served_agent import ServeError
+
+    try:
+        agents = _prepare_served_agents(args)
+        import asyncio
+
+        from flexmarl_jax.serve.server import serve_until_signalled
+
+        asyncio.run(serve_until_signalled(agents, host=args.host, port=args.port, metrics_port=args.metrics_port,
+                                          announce=lambda line: print(f"flexmarl serve: {line}", flush=True)))
+    except ServeError as error:
+        print(f"flexmarl serve: {error}", file=sys.stderr)
+        return 2
+    except ImportError as error:  # jetstream_compat.load_orchestrator: no JetStream (or TensorFlow) here
+        print(f"flexmarl serve: needs google-jetstream 0.2.2 and TensorFlow: {error}", file=sys.stderr)
+        return 2
+    return 0
+
+
+def _prepare_served_agents(args) -> list:
+    """Loads, places and compiles each agent to serve (agent i on device i mod the device count)."""
+    import jax
+
+    from flexmarl_jax.serve.served_agent import build_engine, load_agent, read_run, serving_engine_config
+    from flexmarl_jax.serve.server import PreparedAgent
+    from flexmarl_jax.workflows.from_config import team_agents
+
+    run = read_run(args.workdir)
+    names = [args.agent] if args.agent is not None else list(team_agents(run.workflow))
+    devices = jax.devices()
+    prepared = []
+    for index, name in enumerate(names):
+        agent = load_agent(args.workdir, name, version=args.version, run=run)
+        engine_config = serving_engine_config(run, name, slots=args.slots, max_new_tokens=args.max_new_tokens)
+        engine, params = build_engine(agent, engine_config, devices[index % len(devices)])
+        print(f"flexmarl serve: compiling agent {name} (policy_version {agent.policy_version})", flush=True)
+        engine.warm_up(params)
+        prepared.append(PreparedAgent(name, agent.policy_version, engine, params))
+    return prepared
+
+
+def cmd_chat(argv: list[str]) -> int:
+    parser = argparse.ArgumentParser(
+        prog="flexmarl chat",
+        description="Ask a run's agents questions in process (greedy): one agent answers, or the team runs its "
+                    "workflow on the question and each agent's turn is printed. One question per line; "
+                    "/quit or end of input stops.")
+    parser.add_argument("workdir", help="the run's --workdir (holds config.json and checkpoints/)")
+    who = parser.add_mutually_exclusive_group(required=True)
+    who.add_argument("--agent", help="the agent to talk to")
+    who.add_argument("--team", action="store_true", help="run the whole workflow on each question")
+    parser.add_argument("--version", type=int, default=None, help="the policy version (default: latest)")
+    args = parser.parse_args(argv)
+    from flexmarl_jax.serve.chat import AgentChat, TeamChat, run_repl
+    from flexmarl_jax.serve.served_agent import ServeError
+
+    try:
+        session = (TeamChat.load(args.workdir, version=args.version) if args.team
+                   else AgentChat.load(args.workdir, args.agent, version=args.version))
+    except ServeError as error:
+        print(f"flexmarl chat: {error}", file=sys.stderr)
+        return 2
+    try:
+        interactive = sys.stdin.isatty()
+        if interactive:
+            print("flexmarl chat: one question per line; /quit or Ctrl-D ends", flush=True)
+        run_repl(session, sys.stdin, sys.stdout, prompt="> " if interactive else "")
+    finally:
+        session.close()
+    return 0
+
+
+COMMANDS = {"train": cmd_train, "bench": cmd_bench, "inspect": cmd_inspect, "export": cmd_export,
+            "serve": cmd_serve, "chat": cmd_chat}
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -4,19 +4,21 @@ Import this module only where JetStream is actually needed: importing it pulls
 in seqio and with it TensorFlow (several seconds), which is why
 `flexmarl_jax.rollout/__init__.py` and the CLI never import it eagerly.
 
-Two fixes are applied, both before/around JetStream's own imports:
+JetStream 0.2.2 has two incompatibilities with current JAX and Python logging practice, both confined to its
+`orchestrator` module (the Driver and the gRPC servicer), which only the server needs. That module is therefore
+not imported here; `load_orchestrator()` imports it on demand and fixes both without touching global state:
 
-* JetStream 0.2.2's orchestrator calls `jax.tree_map`, which current JAX
-  removed; we supply it as an alias of `jax.tree_util.tree_map` (only when it
-  is missing, so a JAX that still has it is left alone).
-* JetStream's orchestrator sets the *root* logger to DEBUG and attaches a
-  stdout handler at import time. Libraries must not reconfigure the root
-  logger, so we put back the level and the handler list that were there
-  before the import.
+* The orchestrator calls `jax.tree_map`, which current JAX removed. Instead of adding the alias to `jax` for
+  every caller, the orchestrator module's own `jax` name is pointed at a view of `jax` that also has
+  `tree_map` (only when JAX lacks it).
+* The orchestrator sets the *root* logger to DEBUG and attaches a stdout handler at import time. Libraries
+  must not reconfigure the root logger, so the level and handler list that were there before the import are
+  put back.
 
 Where JetStream cannot be imported (a machine without it or without TensorFlow), `engine_api`,
 `tokenizer_api` and `tokenizer_pb2` are `engine_api_fallback` (plain base classes with JetStream's field
-names), `orchestrator`, `jetstream_pb2` and `token_utils` are None, and `JETSTREAM_AVAILABLE` is False.
+names), `jetstream_pb2` and `token_utils` are None, `JETSTREAM_AVAILABLE` is False and `load_orchestrator`
+raises the import error.
 
 TensorFlow (pulled in by seqio) also writes C++ INFO lines to stderr at import
 ("Could not find cuda drivers", absl's pre-initialisation notice) whatever
@@ -32,6 +34,7 @@ import logging
 import os
 import sys
 import tempfile
+import types
 from collections.abc import Iterator
 
 import jax
@@ -62,16 +65,24 @@ def _native_stderr_diverted() -> Iterator[None]:
             os.dup2(saved, 2)
             os.close(saved)
 
-if not hasattr(jax, "tree_map"):
-    jax.tree_map = jax.tree_util.tree_map
 
-_root_logger = logging.getLogger()
-_root_level_before = _root_logger.level
-_root_handlers_before = list(_root_logger.handlers)
+@contextlib.contextmanager
+def _root_logger_kept() -> Iterator[None]:
+    """Puts back the root logger's level and handlers that an import in the block changed."""
+    root = logging.getLogger()
+    level_before, handlers_before = root.level, list(root.handlers)
+    try:
+        yield
+    finally:
+        root.setLevel(level_before)
+        for handler in list(root.handlers):
+            if handler not in handlers_before:
+                root.removeHandler(handler)
+
+
 try:
-    with _native_stderr_diverted():
-        from jetstream.core import orchestrator  # noqa: E402  (must follow the tree_map fix)
-        from jetstream.core.proto import jetstream_pb2  # noqa: E402
+    with _root_logger_kept(), _native_stderr_diverted():
+        from jetstream.core.proto import jetstream_pb2, jetstream_pb2_grpc  # noqa: E402
         from jetstream.engine import engine_api, token_utils, tokenizer_api, tokenizer_pb2  # noqa: E402
     JETSTREAM_AVAILABLE = True
     JETSTREAM_IMPORT_ERROR: Exception | None = None
@@ -81,22 +92,44 @@ except ImportError as error:
     from flexmarl_jax.rollout import engine_api_fallback as engine_api  # noqa: E402
 
     tokenizer_api = tokenizer_pb2 = engine_api  # the fallback module holds the names of all three
-    orchestrator = jetstream_pb2 = token_utils = None
+    jetstream_pb2 = jetstream_pb2_grpc = token_utils = None
     JETSTREAM_AVAILABLE = False
     JETSTREAM_IMPORT_ERROR = error
     logging.getLogger(__name__).info("JetStream not importable (%s); FlexEngine uses plain base classes", error)
-finally:
-    _root_logger.setLevel(_root_level_before)
-    for _handler in list(_root_logger.handlers):
-        if _handler not in _root_handlers_before:
-            _root_logger.removeHandler(_handler)
+
+
+class _JaxWithTreeMap(types.ModuleType):
+    """`jax` as JetStream 0.2.2's orchestrator expects it: every attribute of `jax`, plus `tree_map`."""
+
+    tree_map = staticmethod(jax.tree_util.tree_map)
+
+    def __getattr__(self, name: str):
+        return getattr(jax, name)
+
+
+def load_orchestrator() -> types.ModuleType:
+    """JetStream's `jetstream.core.orchestrator` (Driver, LLMOrchestrator), fixed for current JAX.
+
+    Only the orchestrator module's own `jax` name changes (to a view of `jax` with `tree_map`, where JAX lacks
+    it); the root logger it reconfigures at import is put back. Idempotent. Raises the original ImportError
+    where JetStream is unavailable.
+    """
+    if not JETSTREAM_AVAILABLE:
+        raise ImportError(f"JetStream is not importable: {JETSTREAM_IMPORT_ERROR}") from JETSTREAM_IMPORT_ERROR
+    with _root_logger_kept(), _native_stderr_diverted():
+        from jetstream.core import orchestrator
+    if not hasattr(orchestrator.jax, "tree_map"):
+        orchestrator.jax = _JaxWithTreeMap("jax")
+    return orchestrator
+
 
 __all__ = [
     "JETSTREAM_AVAILABLE",
     "JETSTREAM_IMPORT_ERROR",
     "engine_api",
     "jetstream_pb2",
-    "orchestrator",
+    "jetstream_pb2_grpc",
+    "load_orchestrator",
     "token_utils",
     "tokenizer_api",
     "tokenizer_pb2",
