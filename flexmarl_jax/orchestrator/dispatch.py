@@ -17,6 +17,7 @@ from collections.abc import Callable, Mapping, Sequence
 import jax
 import numpy as np
 
+from flexmarl_jax import faults
 from flexmarl_jax.metrics import Timeline
 from flexmarl_jax.store import ClaimedRows, ExperienceStore
 from flexmarl_jax.train.advantages import gae_from_rewards
@@ -25,6 +26,15 @@ from flexmarl_jax.train.normalizers import IterationNormalizers
 from flexmarl_jax.train.trainer import AgentTrainer
 
 CLAIM_COLUMNS = ("prompt_tokens", "response_tokens", "behaviour_logprobs", "reward", "advantage")
+
+
+class TrainerFailed(RuntimeError):
+    """An agent's trainer raised while training a micro-batch or applying its update. Nothing of the iteration
+    was applied when this comes from a micro-batch, so the iteration may be tried again (run.py does, once)."""
+
+    def __init__(self, agent: str, what: str, error: BaseException):
+        super().__init__(f"agent {agent!r}: {what} failed: {error!r}")
+        self.agent = agent
 
 
 @dataclasses.dataclass
@@ -53,7 +63,8 @@ class AgentDispatcher:
                  normalizers: IterationNormalizers, aggregation: str, pad_id: int,
                  max_staleness: int, variable_groups: bool, timeline: Timeline, resource: str,
                  on_trained: Callable[[list[str], str, Mapping[str, int]], None] | None = None,
-                 ordered: bool = False):
+                 ordered: bool = False, on_progress: Callable[[str], None] | None = None,
+                 stop: threading.Event | None = None):
         # The trainer's activate() holds training devices and release() frees them whenever the agent has
         # nothing claimable: no-ops for a dedicated trainer; a shared slice for agent-centric allocation.
         self.agent, self.trainer, self.store = agent, trainer, store
@@ -66,6 +77,12 @@ class AgentDispatcher:
         self.on_trained = on_trained
         # `pipeline.deterministic`: train after the rollout, micro-batches cut in group-id order.
         self.ordered = ordered
+        self.on_progress = on_progress  # told after every micro-batch (the run's liveness beacon)
+        # Set when the iteration is being given up (another agent's trainer failed, a stop was asked for):
+        # the dispatcher claims nothing more, so its thread ends at its next claim.
+        self.stop = stop if stop is not None else threading.Event()
+        # Every claim this dispatcher holds, from the moment it is claimed: committed after the update or
+        # released when the iteration fails, even when training the claim is what failed.
         self.claimed: list[ClaimedRows] = []
 
     def _to_micro_batch(self, columns: Mapping[str, list]):
@@ -98,12 +115,18 @@ class AgentDispatcher:
         if self.on_trained is not None:
             self.on_trained(list(sample_ids), self.agent, current_versions)
         batch, kept_rewards = self._to_micro_batch(columns)
-        self.trainer.activate()  # may wait for a free slice: not training time
-        with self.timeline.busy(self.resource, "train", agent=self.agent):
-            if self.trainer.config.loss.needs_values:
-                batch = self._with_gae(batch, kept_rewards)
-            self.trainer.accumulate(batch)
-            jax.block_until_ready(self.trainer.accumulated_gradients())  # the interval is compute, not dispatch
+        try:
+            self.trainer.activate()  # may wait for a free slice: not training time
+            with self.timeline.busy(self.resource, "train", agent=self.agent):
+                if self.trainer.config.loss.needs_values:
+                    batch = self._with_gae(batch, kept_rewards)
+                faults.raise_if_fired("trainer_error", self.agent)
+                self.trainer.accumulate(batch)
+                jax.block_until_ready(self.trainer.accumulated_gradients())  # the interval is compute, not dispatch
+        except Exception as error:
+            raise TrainerFailed(self.agent, f"training a micro-batch of {len(sample_ids)} rows", error) from error
+        if self.on_progress is not None:
+            self.on_progress(f"micro-batch of {self.agent}")
         stats.micro_batches += 1
         stats.rows += len(sample_ids)
         stats.rewards.extend(float(reward) for reward in columns["reward"])
@@ -112,9 +135,10 @@ class AgentDispatcher:
             stats.tokens += len(logprobs)
 
     def train_claimed(self, rows: ClaimedRows, current_versions: Mapping[str, int], stats: DispatchStats) -> None:
-        """Trains one claim as one micro-batch."""
-        self._train_rows(rows.sample_ids, rows.columns, current_versions, stats)
+        """Trains one claim as one micro-batch. The claim is kept first: if training it fails, `release_all`
+        still gives it back."""
         self.claimed.append(rows)
+        self._train_rows(rows.sample_ids, rows.columns, current_versions, stats)
 
     def drain(self, current_versions: Mapping[str, int], rollout_done: threading.Event, stats: DispatchStats,
               *, iteration_start: float, poll_s: float = 5.0) -> None:
@@ -131,7 +155,9 @@ class AgentDispatcher:
         """Once rollout is done, claims every row and trains them in micro-batches cut in (group id, sample id)
         order: which rows share a micro-batch, and the order the gradient sums add up in, then depend on the
         rows alone, not on when each group finished or how the store's claims fell."""
-        rollout_done.wait()
+        while not rollout_done.wait(timeout=1.0):
+            if self.stop.is_set():
+                return
         claims = []
         while (rows := self.store.claim_micro_batch(
                 self.agent, self.micro_batch_size, current_versions=dict(current_versions),
@@ -144,6 +170,8 @@ class AgentDispatcher:
         order = sorted((claim.group_ids[claim.group_index[row]], claim.sample_ids[row], index, row)
                        for index, claim in enumerate(claims) for row in range(len(claim)))
         for start in range(0, len(order), self.micro_batch_size):
+            if self.stop.is_set():
+                return
             chunk = [(claims[index], row) for *_, index, row in order[start:start + self.micro_batch_size]]
             self._train_rows([claim.sample_ids[row] for claim, row in chunk],
                              {name: [claim.columns[name][row] for claim, row in chunk] for name in CLAIM_COLUMNS},
@@ -151,7 +179,7 @@ class AgentDispatcher:
 
     def _drain(self, current_versions, rollout_done, stats, *, iteration_start: float, poll_s: float) -> None:
         since = None  # set when the last claim left less than a micro-batch: wait for new rows first
-        while True:
+        while not self.stop.is_set():
             finished = rollout_done.is_set()  # read before claiming: rows can only be added before it
             # While rollout runs, a claim blocks until an append makes a micro-batch claimable or rollout
             # ends (the store's `until` + `wake_claims`); `poll_s` is only a safety net. Groups of a
