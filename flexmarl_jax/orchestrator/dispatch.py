@@ -50,6 +50,17 @@ class DispatchStats:
     first_claim_s: float | None = None  # seconds after the iteration started
 
 
+class _EitherSet:
+    """Set when any of its events is: the store's claim `until` only asks `is_set()`, and a dispatcher's claim
+    must end once the rollout is done or the dispatcher is stopped."""
+
+    def __init__(self, *events: threading.Event):
+        self._events = events
+
+    def is_set(self) -> bool:
+        return any(event.is_set() for event in self._events)
+
+
 class AgentDispatcher:
     """Claims an agent's complete groups from the store and accumulates their gradients.
 
@@ -84,6 +95,8 @@ class AgentDispatcher:
         # Every claim this dispatcher holds, from the moment it is claimed: committed after the update or
         # released when the iteration fails, even when training the claim is what failed.
         self.claimed: list[ClaimedRows] = []
+        self._claims_lock = threading.Lock()
+        self._released = False  # release_all ran: a claim that returns later is given back at once
 
     def _to_micro_batch(self, columns: Mapping[str, list]):
         """The micro-batch of some rows (CLAIM_COLUMNS -> one value per row; rows with an empty response are
@@ -136,9 +149,18 @@ class AgentDispatcher:
 
     def train_claimed(self, rows: ClaimedRows, current_versions: Mapping[str, int], stats: DispatchStats) -> None:
         """Trains one claim as one micro-batch. The claim is kept first: if training it fails, `release_all`
-        still gives it back."""
-        self.claimed.append(rows)
-        self._train_rows(rows.sample_ids, rows.columns, current_versions, stats)
+        still gives it back. A claim that arrives after the dispatcher was stopped is given back untrained."""
+        if self._keep(rows):
+            self._train_rows(rows.sample_ids, rows.columns, current_versions, stats)
+
+    def _keep(self, rows: ClaimedRows) -> bool:
+        """Adds a new claim to `claimed`; once stopped or released, gives it back instead and returns False."""
+        with self._claims_lock:
+            if self._released or self.stop.is_set():
+                self.store.release(rows)
+                return False
+            self.claimed.append(rows)
+            return True
 
     def drain(self, current_versions: Mapping[str, int], rollout_done: threading.Event, stats: DispatchStats,
               *, iteration_start: float, poll_s: float = 5.0) -> None:
@@ -163,8 +185,7 @@ class AgentDispatcher:
                 self.agent, self.micro_batch_size, current_versions=dict(current_versions),
                 max_staleness=self.max_staleness, columns=CLAIM_COLUMNS, allow_partial=True, timeout=0)) is not None:
             claims.append(rows)
-        self.claimed.extend(claims)  # committed (or released) as claimed; trained below in order
-        if not claims:
+        if not all([self._keep(claim) for claim in claims]) or not claims:  # kept: committed or released
             return
         stats.first_claim_s = self.timeline.now() - iteration_start
         order = sorted((claim.group_ids[claim.group_index[row]], claim.sample_ids[row], index, row)
@@ -189,7 +210,7 @@ class AgentDispatcher:
                 max_staleness=self.max_staleness, columns=CLAIM_COLUMNS,
                 allow_partial=finished or self.variable_groups,
                 min_rows=self.micro_batch_size if self.variable_groups and not finished else None,
-                timeout=0 if finished else poll_s, until=None if finished else rollout_done,
+                timeout=0 if finished else poll_s, until=None if finished else _EitherSet(rollout_done, self.stop),
                 since=None if finished else since)
             if rows is None:
                 self.trainer.release()  # nothing claimable now: another agent may use the slice
@@ -211,7 +232,9 @@ class AgentDispatcher:
 
     def release_all(self) -> None:
         """The iteration failed before its update: give every claim back, drop the gradients."""
-        for rows in self.claimed:
-            self.store.release(rows)
-        self.claimed.clear()
+        with self._claims_lock:
+            self._released = True
+            for rows in self.claimed:
+                self.store.release(rows)
+            self.claimed.clear()
         self.trainer.discard_accumulated()

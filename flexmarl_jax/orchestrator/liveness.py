@@ -63,9 +63,10 @@ class Liveness:
         self.beacon, self.stall_timeout_s, self.slice_s = beacon, stall_timeout_s, slice_s
         self.abandon = abandon if abandon is not None else threading.Event()
 
-    def check(self, waiting_for: str) -> None:
-        """Raises IterationAbandoned or PipelineStalled (naming `waiting_for`) when the wait must end."""
-        if self.abandon.is_set():
+    def check(self, waiting_for: str, *, abandonable: bool = True) -> None:
+        """Raises IterationAbandoned (when `abandonable`) or PipelineStalled (naming `waiting_for`) when the wait
+        must end."""
+        if abandonable and self.abandon.is_set():
             raise IterationAbandoned(f"the iteration was abandoned while waiting for {waiting_for}")
         if self.stall_timeout_s is None:
             return
@@ -75,17 +76,19 @@ class Liveness:
             raise PipelineStalled(f"no progress for {idle:.0f} s (run.stall_timeout_s={self.stall_timeout_s:g}) "
                                   f"while waiting for {waiting_for}; the last progress was: {what}")
 
-    def wait_until(self, done: Callable[[float], bool], waiting_for: str) -> None:
-        """Calls `done(slice_s)` (wait up to that long; True once finished) until it is True, checking in between."""
+    def wait_until(self, done: Callable[[float], bool], waiting_for: str, *, abandonable: bool = True) -> None:
+        """Calls `done(slice_s)` (wait up to that long; True once finished) until it is True, checking in between.
+        A wait that is not `abandonable` (a thread that ends soon once the iteration is abandoned, and must have
+        ended before its claims are given back) ends only by finishing or stalling."""
         while not done(self.slice_s):
-            self.check(waiting_for)
+            self.check(waiting_for, abandonable=abandonable)
 
     def wait_event(self, event: threading.Event, waiting_for: str) -> None:
         self.wait_until(event.wait, waiting_for)
 
-    def join(self, thread: threading.Thread, waiting_for: str | None = None) -> None:
+    def join(self, thread: threading.Thread, waiting_for: str | None = None, *, abandonable: bool = True) -> None:
         def joined(timeout: float) -> bool:
             thread.join(timeout)
             return not thread.is_alive()
 
-        self.wait_until(joined, waiting_for or f"thread {thread.name}")
+        self.wait_until(joined, waiting_for or f"thread {thread.name}", abandonable=abandonable)

@@ -372,11 +372,14 @@ class JointOrchestrator:
     # ------------------------------------------------------------------------------------------ failures
     def abandon_iteration(self) -> None:
         """Gives up the running iteration (a stop that does not wait for it): every wait of the pipeline ends
-        with IterationAbandoned, dispatchers claim nothing more, and nothing of the iteration is applied."""
+        with IterationAbandoned, dispatchers claim nothing more, and nothing of the iteration is applied.
+
+        Safe in a signal handler: it only sets events here; the store's blocked claims are woken from a thread
+        of their own, since the interrupted main thread may hold a table's (non-reentrant) lock."""
         self.liveness.abandon.set()
         if self._stop_dispatchers is not None:
             self._stop_dispatchers.set()
-        self.store.wake_claims()
+        threading.Thread(target=self.store.wake_claims, name="abandon-wake", daemon=True).start()
 
     def prepare_retry(self, iteration: int, attempt: int) -> int:
         """Before attempt number `attempt` (>= 1) of an iteration whose earlier attempt failed with every agent

@@ -24,7 +24,7 @@ def threads_running(targets: Mapping[str, Callable[[], None]], *,
     On leaving the block every thread is joined; then the block's own error, if any, propagates, else the
     first error a target raised (in completion order) is re-raised. A target must end by itself: the
     caller arranges that (e.g. a dispatcher's drain returns once the rollout it waits on is done).
-    With `liveness`, each join ends early with its PipelineStalled or IterationAbandoned.
+    With `liveness`, a join ends early with PipelineStalled when the run stops making progress.
     """
     errors: list[BaseException] = []
     lock = threading.Lock()
@@ -46,8 +46,8 @@ def threads_running(targets: Mapping[str, Callable[[], None]], *,
         for thread in threads:
             if liveness is None:
                 thread.join()
-            else:
-                liveness.join(thread)
+            else:  # the caller's targets end soon after an abandon (dispatchers stop claiming): wait for them
+                liveness.join(thread, abandonable=False)
     if errors:
         raise errors[0]
 

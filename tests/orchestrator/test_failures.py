@@ -7,7 +7,7 @@ import time
 import pytest
 
 from flexmarl_jax.orchestrator.dispatch import TrainerFailed
-from flexmarl_jax.orchestrator.liveness import PipelineStalled
+from flexmarl_jax.orchestrator.liveness import IterationAbandoned, PipelineStalled
 from flexmarl_jax.orchestrator.retry import IterationFailed, run_with_one_retry
 from flexmarl_jax.orchestrator.run import _begin_attempt
 
@@ -88,3 +88,23 @@ def test_a_hung_trainer_ends_the_iteration_within_the_stall_timeout(orchestrator
         assert _counts(orchestrator.store)["claimed"] == 0
     finally:
         unblock.set()
+
+
+@pytest.mark.timeout(90)
+def test_an_abandoned_iteration_applies_nothing_and_releases_its_claims(orchestrator_factory):
+    orchestrator, _ = orchestrator_factory("flexmarl")
+    started = threading.Event()
+    original = orchestrator.trainers["solver"].accumulate
+
+    def accumulate(batch):  # abandon while the solver trains its first micro-batch
+        started.set()
+        orchestrator.abandon_iteration()
+        return original(batch)
+
+    orchestrator.trainers["solver"].accumulate = accumulate
+    with pytest.raises(IterationAbandoned, match="abandoned"):
+        orchestrator.run_iteration(0)
+    assert started.is_set()
+    assert _counts(orchestrator.store)["claimed"] == _counts(orchestrator.store)["consumed"] == 0
+    assert orchestrator.versions() == {agent: 0 for agent in orchestrator.trainers}
+    assert all(trainer.pending_micro_batches == 0 for trainer in orchestrator.trainers.values())
