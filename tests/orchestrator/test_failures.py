@@ -108,3 +108,20 @@ def test_an_abandoned_iteration_applies_nothing_and_releases_its_claims(orchestr
     assert _counts(orchestrator.store)["claimed"] == _counts(orchestrator.store)["consumed"] == 0
     assert orchestrator.versions() == {agent: 0 for agent in orchestrator.trainers}
     assert all(trainer.pending_micro_batches == 0 for trainer in orchestrator.trainers.values())
+
+
+@pytest.mark.timeout(120)
+def test_the_trainer_error_fault_point_is_recovered_by_one_retry(orchestrator_factory):
+    from flexmarl_jax import faults
+
+    orchestrator, _ = orchestrator_factory("flexmarl")
+    faults.arm("trainer_error", after=1, where="verifier")  # the verifier's second micro-batch, once
+    try:
+        record = run_with_one_retry(orchestrator, 0, lambda it: _begin_attempt(orchestrator, None, it, durable=False))
+        assert faults.fired("trainer_error") == 1
+    finally:
+        faults.disarm()
+    counts = _counts(orchestrator.store)
+    assert orchestrator.attempts[0] == 1 and orchestrator.versions() == {a: 1 for a in orchestrator.trainers}
+    assert counts["consumed"] == sum(agent["samples"] for agent in record["agent"].values())
+    assert counts["consumed"] + counts["dropped"] == counts["total"] and counts["claimed"] == counts["ready"] == 0

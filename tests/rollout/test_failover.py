@@ -4,6 +4,7 @@ instances, each request resolving exactly once; retries are bounded, then the re
 
 from __future__ import annotations
 
+import concurrent.futures
 import threading
 import time
 
@@ -133,3 +134,44 @@ def test_a_hung_step_blocks_neither_the_instance_nor_the_router_and_its_requests
         release.set()
         hung.stop(timeout=10)
         healthy.stop(timeout=10)
+
+
+@pytest.fixture
+def _disarmed():
+    from flexmarl_jax import faults
+
+    faults.disarm()
+    yield faults
+    faults.disarm()
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("fault", ["instance_crash", "instance_hang", "instance_slow"])
+def test_injected_instance_faults_fail_over_or_slow_down(engine, tiny_model, _disarmed, fault):
+    """The instance fault points: a crash or a hang on `bad` moves its requests to `good`; a slow `bad` keeps
+    stepping, so it is not taken out, and still serves its share."""
+    faults = _disarmed
+    bad, good = EngineInstance(engine, tiny_model.params, name="bad"), EngineInstance(engine, tiny_model.params,
+                                                                                      name="good")
+    router = RequestRouter({"solver": [bad, good]}, max_retries=1)
+    monitor = InstanceHealthMonitor(router, stall_s=1.0, poll_s=0.1)
+    faults.arm(fault, where="bad", times=0 if fault == "instance_slow" else 1)
+    prompt = tuple(tiny_model.tokenizer.encode("1+2="))
+    for instance in (bad, good):
+        instance.start()
+    monitor.start()
+    try:
+        futures = [router.submit("solver", RolloutRequest(prompt, max_new_tokens=4), label=f"q{k}") for k in range(4)]
+        done, _ = concurrent.futures.wait(futures, timeout=60)
+        assert len(done) == 4 and all(len(f.result()) == 1 for f in futures)
+        assert faults.fired(fault) >= 1
+        if fault == "instance_slow":
+            assert bad.generated_tokens > 0 and router.stats["stuck"] == 0 and router.stats["retries"] == 0
+        else:
+            assert router.members()[0].state == BROKEN and router.stats["retries"] >= 1
+            assert bad.generated_tokens == 0 and good.generated_tokens > 0
+    finally:
+        monitor.stop()
+        faults.disarm()
+        for instance in (bad, good):
+            instance.stop(timeout=10)
