@@ -210,6 +210,18 @@ def _begin_attempt(orchestrator: JointOrchestrator, journal: RunJournal, iterati
         logger.info("redoing iteration %d (attempt %d); dropped %d unapplied rows", iteration, previous, dropped)
 
 
+def _run_all(*steps) -> BaseException | None:
+    """Calls every step; logs each failure and returns the first."""
+    first = None
+    for step in steps:
+        try:
+            step()
+        except Exception as error:  # noqa: BLE001 - logged; the caller decides whether it matters
+            logger.exception("shutdown step %s failed", getattr(step, "__qualname__", step))
+            first = first or error
+    return first
+
+
 def build_evaluator(config: RunConfig, orchestrator: JointOrchestrator) -> TeamEvaluator | None:
     """The held-out evaluator of a run (None with `eval.enabled=False`): the orchestrator's workflow, backend
     and sampling on the task split's fixed eval list."""
@@ -327,11 +339,13 @@ def _run_locked(config: RunConfig) -> int:
         mark("error", f"{type(error).__name__}: {error}")
         raise RunStopped(f"iteration {current['iteration']} failed: {error}; {resume_hint}") from error
     finally:  # the watchdog and the stop timer still bound the shutdown (an instance that never returns)
-        rollout.shutdown()
-        store.close()
-        writer.close()
+        # Each step runs even if one before it fails (a broken store fails its close too); a failure here is
+        # raised only when the run itself ended well, else it would hide the error that stopped the run.
+        shutdown_error = _run_all(rollout.shutdown, store.close, writer.close)
         watchdog.stop()
         signals.restore()
+    if shutdown_error is not None:
+        raise shutdown_error
     if signals.requested.is_set() and current["iteration"] < config.iterations:
         detail = f"{signals.signal_name} after iteration {current['iteration'] - 1} (checkpointed)"
         mark("signal", detail)
