@@ -105,6 +105,10 @@ def base_config() -> ml_collections.ConfigDict:
     config.rollout.min_instances_per_agent = 1  # balancing never leaves an agent with fewer instances
     config.rollout.request_timeout_s = 0.0  # cancel and re-queue a request running longer; 0 = no timeout
     config.rollout.max_retries = 2  # re-queues of a timed-out request before it is reported failed
+    # An instance that holds requests but finishes no engine step for this long (a crashed thread, a hung step)
+    # is taken out of routing and its requests go to the agent's other instances; below run.stall_timeout_s.
+    # Long enough for the slowest first-step compile of a real checkpoint.
+    config.rollout.instance_stall_s = 120.0
 
     config.train = ml_collections.ConfigDict()
     config.train.algorithm = "grpo"  # grpo | drgrpo | dapo | ppo (GAE with a critic per agent)
@@ -141,6 +145,14 @@ def base_config() -> ml_collections.ConfigDict:
     # bit-identical parameters. Needs train.max_staleness=0; False keeps training overlapped with rollout.
     config.pipeline.deterministic = False
 
+    # Hangs and stops (docs/architecture.md, "Failures"). When no iteration, micro-batch or decode step made progress
+    # for stall_timeout_s (> 0), the run writes every thread's stack to the log, marks its journal (stops.jsonl)
+    # and exits non-zero; every wait in the pipeline ends by then. Longer than the slowest micro-batch or checkpoint.
+    config.run = ml_collections.ConfigDict()
+    config.run.stall_timeout_s = 600.0
+    config.run.stop_mode = "finish"  # SIGTERM/SIGINT: finish | abandon the running iteration; a second signal abandons
+    config.run.stop_timeout_s = 300.0  # a signalled stop ends the process within this many seconds
+
     return config
 
 
@@ -154,6 +166,21 @@ def _smoke(config: ml_collections.ConfigDict) -> None:
     config.eval.every = 2  # evals at the start and the end
     config.eval.problems = 4
     config.eval.samples = 2
+
+
+def _faults(config: ml_collections.ConfigDict) -> None:
+    """The smoke run set up for fault injection (`flexmarl bench faults`, tests): a durable store, two engine
+    instances per agent (a failed one's requests have somewhere to go), request timeouts on, and stall limits
+    short enough for trials."""
+    _smoke(config)
+    config.iterations = 4
+    config.store.backend = "file"
+    config.rollout.instances_per_agent = 2
+    config.mesh.fake_cpu_devices = 3 * len(config.agents)  # two rollout devices and one training device each
+    config.rollout.request_timeout_s = 20.0
+    config.rollout.instance_stall_s = 10.0
+    config.run.stall_timeout_s = 60.0
+    config.run.stop_timeout_s = 60.0
 
 
 def _set(**fields) -> Callable[[ml_collections.ConfigDict], None]:
@@ -176,6 +203,7 @@ VARIANT_CHANGES: dict[str, Callable[[ml_collections.ConfigDict], None]] = {
     "serial": _set(pipeline__mode="serial"),  # rollout and training colocated, queries one at a time
     "stale1": _set(train__max_staleness=1),  # rollout may run one policy version ahead
     "smoke": _smoke,
+    "faults": _faults,  # smoke, durable store, 2 instances per agent, request timeouts: for fault injection
 }
 VARIANTS = tuple(VARIANT_CHANGES)
 

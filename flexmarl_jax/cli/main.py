@@ -58,10 +58,18 @@ def cmd_train(argv: list[str]) -> int:
         from absl import logging as absl_logging
 
         absl_logging.set_verbosity(parsed.verbosity)
-    check_devices(config, _prepare_devices(config.mesh.fake_cpu_devices))
-    from flexmarl_jax.orchestrator.run import run_training
+    from flexmarl_jax import faults
+    from flexmarl_jax.orchestrator.workdir_lock import WorkdirLock
 
-    return run_training(config, gantt_iterations=parsed.gantt_iterations)
+    try:
+        faults.parse(os.environ.get(faults.ENV_VAR, ""))  # armed by run_training; a bad name fails here, first
+    except ValueError as error:
+        raise ConfigError(f"${faults.ENV_VAR}: {error}") from None
+    with WorkdirLock(config.workdir):  # a live run's workdir fails here, in a second, before JAX starts
+        check_devices(config, _prepare_devices(config.mesh.fake_cpu_devices))
+        from flexmarl_jax.orchestrator.run import run_training
+
+        return run_training(config, workdir_locked=True, gantt_iterations=parsed.gantt_iterations)
 
 
 def _available_benchmarks() -> list[str]:
@@ -229,11 +237,23 @@ def main(argv: list[str] | None = None) -> int:
     if command not in COMMANDS:
         print(f"flexmarl: unknown command {command!r}; choose one of: {', '.join(COMMANDS)}", file=sys.stderr)
         return 2
+    from flexmarl_jax.orchestrator.workdir_lock import WorkdirBusy
+
     try:
         return COMMANDS[command](rest)
     except ConfigError as error:
         print(f"flexmarl {command}: config error: {error}", file=sys.stderr)
         return 2
+    except WorkdirBusy as error:
+        print(f"flexmarl {command}: {error}", file=sys.stderr)
+        return 2
+    except Exception as error:
+        from flexmarl_jax.orchestrator.run import RunStopped
+
+        if not isinstance(error, RunStopped):
+            raise
+        print(f"flexmarl {command}: stopped: {error}", file=sys.stderr)  # the traceback is in the log above
+        return 1
 
 
 if __name__ == "__main__":

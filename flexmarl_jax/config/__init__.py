@@ -24,6 +24,7 @@ from flexmarl_jax.config.schema import (
     PipelineConfig,
     RolloutConfig,
     RunConfig,
+    RunControlConfig,
     StoreConfig,
     TrainConfig,
     WorkflowConfig,
@@ -31,6 +32,6 @@ from flexmarl_jax.config.schema import (
 
 __all__ = [
     "AgentConfig", "AgentMemory", "ConfigError", "MeshConfig", "PipelineConfig", "RolloutConfig", "RunConfig",
-    "StoreConfig", "TrainConfig", "WorkflowConfig", "apply_overrides", "check_devices", "check_team_fits",
-    "devices_needed", "estimate_agent_memory", "load_config", "parse_train_flags",
+    "RunControlConfig", "StoreConfig", "TrainConfig", "WorkflowConfig", "apply_overrides", "check_devices",
+    "check_team_fits", "devices_needed", "estimate_agent_memory", "load_config", "parse_train_flags",
 ]

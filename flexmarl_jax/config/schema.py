@@ -207,6 +207,9 @@ class RolloutConfig(Section):
                                        help="cancel and re-queue a request running longer; 0 = no timeout")
     max_retries: int = setting(2, rule=at_least_zero,
                                help="re-queues of a timed-out request before it is reported failed")
+    instance_stall_s: float = setting(120.0, rule=above_zero,
+                                      help="an instance holding requests that finishes no engine step for this long "
+                                      "is taken out of routing and its requests go to the agent's other instances")
 
     def check(self, path: str) -> None:
         if self.min_instances_per_agent > self.instances_per_agent:
@@ -287,6 +290,26 @@ class PipelineConfig(Section):
                                   "training with rollout)")
 
 
+STOP_MODES = ("finish", "abandon")  # what SIGTERM/SIGINT do with the running iteration
+
+
+def _stop_modes() -> tuple[str, ...]:
+    return STOP_MODES
+
+
+@_frozen
+class RunControlConfig(Section):
+    """How a run guards against hangs and stops (`config.run`)."""
+
+    stall_timeout_s: float = setting(600.0, rule=above_zero,
+                                     help="when no iteration, micro-batch or decode step made progress for this long, "
+                                     "the run logs every thread's stack, marks its journal and exits non-zero")
+    stop_mode: str = setting("finish", choices=_stop_modes, help="on SIGTERM/SIGINT: finish the running iteration "
+                             "(and checkpoint it) or abandon it (resume redoes it); a second signal abandons")
+    stop_timeout_s: float = setting(300.0, rule=above_zero,
+                                    help="a stop asked for by a signal ends the process within this many seconds")
+
+
 @_frozen
 class RunConfig(Section):
     """A whole run. Built from a ConfigDict by `from_config`; every construction checks every rule."""
@@ -302,6 +325,7 @@ class RunConfig(Section):
     store: StoreConfig = setting(factory=StoreConfig, help="the experience store")
     pipeline: PipelineConfig = setting(factory=PipelineConfig, help="how rollout and training overlap")
     eval: EvalConfig = setting(factory=EvalConfig, help="held-out evaluation")
+    run: RunControlConfig = setting(factory=RunControlConfig, help="hang detection and stopping")
 
     def __post_init__(self) -> None:
         super().__post_init__()
@@ -341,6 +365,10 @@ class RunConfig(Section):
             raise ConfigError(f"config.pipeline.deterministic=True needs train.max_staleness=0, got "
                               f"{train.max_staleness}: a rollout that overlaps training samples on whichever weights "
                               "have reached it by then")
+        if self.rollout.instance_stall_s >= self.run.stall_timeout_s:
+            raise ConfigError(f"config.rollout.instance_stall_s={self.rollout.instance_stall_s:g} must be below "
+                              f"run.stall_timeout_s={self.run.stall_timeout_s:g}: a stuck instance must be taken out "
+                              "of routing before the whole run counts as stalled")
         if not 0 <= self.mesh.train_slices <= len(self.agents):
             raise ConfigError(f"config.mesh.train_slices={self.mesh.train_slices} must be in 0..{len(self.agents)} "
                               "(the number of agents; 0 = a dedicated training slice per agent)")

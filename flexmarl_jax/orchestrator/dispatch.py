@@ -17,6 +17,7 @@ from collections.abc import Callable, Mapping, Sequence
 import jax
 import numpy as np
 
+from flexmarl_jax import faults
 from flexmarl_jax.metrics import Timeline
 from flexmarl_jax.store import ClaimedRows, ExperienceStore
 from flexmarl_jax.train.advantages import gae_from_rewards
@@ -25,6 +26,15 @@ from flexmarl_jax.train.normalizers import IterationNormalizers
 from flexmarl_jax.train.trainer import AgentTrainer
 
 CLAIM_COLUMNS = ("prompt_tokens", "response_tokens", "behaviour_logprobs", "reward", "advantage")
+
+
+class TrainerFailed(RuntimeError):
+    """An agent's trainer raised while training a micro-batch or applying its update. Nothing of the iteration
+    was applied when this comes from a micro-batch, so the iteration may be tried again (run.py does, once)."""
+
+    def __init__(self, agent: str, what: str, error: BaseException):
+        super().__init__(f"agent {agent!r}: {what} failed: {error!r}")
+        self.agent = agent
 
 
 @dataclasses.dataclass
@@ -40,6 +50,17 @@ class DispatchStats:
     first_claim_s: float | None = None  # seconds after the iteration started
 
 
+class _EitherSet:
+    """Set when any of its events is: the store's claim `until` only asks `is_set()`, and a dispatcher's claim
+    must end once the rollout is done or the dispatcher is stopped."""
+
+    def __init__(self, *events: threading.Event):
+        self._events = events
+
+    def is_set(self) -> bool:
+        return any(event.is_set() for event in self._events)
+
+
 class AgentDispatcher:
     """Claims an agent's complete groups from the store and accumulates their gradients.
 
@@ -53,7 +74,8 @@ class AgentDispatcher:
                  normalizers: IterationNormalizers, aggregation: str, pad_id: int,
                  max_staleness: int, variable_groups: bool, timeline: Timeline, resource: str,
                  on_trained: Callable[[list[str], str, Mapping[str, int]], None] | None = None,
-                 ordered: bool = False):
+                 ordered: bool = False, on_progress: Callable[[str], None] | None = None,
+                 stop: threading.Event | None = None):
         # The trainer's activate() holds training devices and release() frees them whenever the agent has
         # nothing claimable: no-ops for a dedicated trainer; a shared slice for agent-centric allocation.
         self.agent, self.trainer, self.store = agent, trainer, store
@@ -66,7 +88,15 @@ class AgentDispatcher:
         self.on_trained = on_trained
         # `pipeline.deterministic`: train after the rollout, micro-batches cut in group-id order.
         self.ordered = ordered
+        self.on_progress = on_progress  # told after every micro-batch (the run's liveness beacon)
+        # Set when the iteration is being given up (another agent's trainer failed, a stop was asked for):
+        # the dispatcher claims nothing more, so its thread ends at its next claim.
+        self.stop = stop if stop is not None else threading.Event()
+        # Every claim this dispatcher holds, from the moment it is claimed: committed after the update or
+        # released when the iteration fails, even when training the claim is what failed.
         self.claimed: list[ClaimedRows] = []
+        self._claims_lock = threading.Lock()
+        self._released = False  # release_all ran: a claim that returns later is given back at once
 
     def _to_micro_batch(self, columns: Mapping[str, list]):
         """The micro-batch of some rows (CLAIM_COLUMNS -> one value per row; rows with an empty response are
@@ -98,12 +128,18 @@ class AgentDispatcher:
         if self.on_trained is not None:
             self.on_trained(list(sample_ids), self.agent, current_versions)
         batch, kept_rewards = self._to_micro_batch(columns)
-        self.trainer.activate()  # may wait for a free slice: not training time
-        with self.timeline.busy(self.resource, "train", agent=self.agent):
-            if self.trainer.config.loss.needs_values:
-                batch = self._with_gae(batch, kept_rewards)
-            self.trainer.accumulate(batch)
-            jax.block_until_ready(self.trainer.accumulated_gradients())  # the interval is compute, not dispatch
+        try:
+            self.trainer.activate()  # may wait for a free slice: not training time
+            with self.timeline.busy(self.resource, "train", agent=self.agent):
+                if self.trainer.config.loss.needs_values:
+                    batch = self._with_gae(batch, kept_rewards)
+                faults.raise_if_fired("trainer_error", self.agent)
+                self.trainer.accumulate(batch)
+                jax.block_until_ready(self.trainer.accumulated_gradients())  # the interval is compute, not dispatch
+        except Exception as error:
+            raise TrainerFailed(self.agent, f"training a micro-batch of {len(sample_ids)} rows", error) from error
+        if self.on_progress is not None:
+            self.on_progress(f"micro-batch of {self.agent}")
         stats.micro_batches += 1
         stats.rows += len(sample_ids)
         stats.rewards.extend(float(reward) for reward in columns["reward"])
@@ -112,9 +148,19 @@ class AgentDispatcher:
             stats.tokens += len(logprobs)
 
     def train_claimed(self, rows: ClaimedRows, current_versions: Mapping[str, int], stats: DispatchStats) -> None:
-        """Trains one claim as one micro-batch."""
-        self._train_rows(rows.sample_ids, rows.columns, current_versions, stats)
-        self.claimed.append(rows)
+        """Trains one claim as one micro-batch. The claim is kept first: if training it fails, `release_all`
+        still gives it back. A claim that arrives after the dispatcher was stopped is given back untrained."""
+        if self._keep(rows):
+            self._train_rows(rows.sample_ids, rows.columns, current_versions, stats)
+
+    def _keep(self, rows: ClaimedRows) -> bool:
+        """Adds a new claim to `claimed`; once stopped or released, gives it back instead and returns False."""
+        with self._claims_lock:
+            if self._released or self.stop.is_set():
+                self.store.release(rows)
+                return False
+            self.claimed.append(rows)
+            return True
 
     def drain(self, current_versions: Mapping[str, int], rollout_done: threading.Event, stats: DispatchStats,
               *, iteration_start: float, poll_s: float = 5.0) -> None:
@@ -131,19 +177,22 @@ class AgentDispatcher:
         """Once rollout is done, claims every row and trains them in micro-batches cut in (group id, sample id)
         order: which rows share a micro-batch, and the order the gradient sums add up in, then depend on the
         rows alone, not on when each group finished or how the store's claims fell."""
-        rollout_done.wait()
+        while not rollout_done.wait(timeout=1.0):
+            if self.stop.is_set():
+                return
         claims = []
         while (rows := self.store.claim_micro_batch(
                 self.agent, self.micro_batch_size, current_versions=dict(current_versions),
                 max_staleness=self.max_staleness, columns=CLAIM_COLUMNS, allow_partial=True, timeout=0)) is not None:
             claims.append(rows)
-        self.claimed.extend(claims)  # committed (or released) as claimed; trained below in order
-        if not claims:
+        if not all([self._keep(claim) for claim in claims]) or not claims:  # kept: committed or released
             return
         stats.first_claim_s = self.timeline.now() - iteration_start
         order = sorted((claim.group_ids[claim.group_index[row]], claim.sample_ids[row], index, row)
                        for index, claim in enumerate(claims) for row in range(len(claim)))
         for start in range(0, len(order), self.micro_batch_size):
+            if self.stop.is_set():
+                return
             chunk = [(claims[index], row) for *_, index, row in order[start:start + self.micro_batch_size]]
             self._train_rows([claim.sample_ids[row] for claim, row in chunk],
                              {name: [claim.columns[name][row] for claim, row in chunk] for name in CLAIM_COLUMNS},
@@ -151,7 +200,7 @@ class AgentDispatcher:
 
     def _drain(self, current_versions, rollout_done, stats, *, iteration_start: float, poll_s: float) -> None:
         since = None  # set when the last claim left less than a micro-batch: wait for new rows first
-        while True:
+        while not self.stop.is_set():
             finished = rollout_done.is_set()  # read before claiming: rows can only be added before it
             # While rollout runs, a claim blocks until an append makes a micro-batch claimable or rollout
             # ends (the store's `until` + `wake_claims`); `poll_s` is only a safety net. Groups of a
@@ -161,7 +210,7 @@ class AgentDispatcher:
                 max_staleness=self.max_staleness, columns=CLAIM_COLUMNS,
                 allow_partial=finished or self.variable_groups,
                 min_rows=self.micro_batch_size if self.variable_groups and not finished else None,
-                timeout=0 if finished else poll_s, until=None if finished else rollout_done,
+                timeout=0 if finished else poll_s, until=None if finished else _EitherSet(rollout_done, self.stop),
                 since=None if finished else since)
             if rows is None:
                 self.trainer.release()  # nothing claimable now: another agent may use the slice
@@ -183,7 +232,9 @@ class AgentDispatcher:
 
     def release_all(self) -> None:
         """The iteration failed before its update: give every claim back, drop the gradients."""
-        for rows in self.claimed:
-            self.store.release(rows)
-        self.claimed.clear()
+        with self._claims_lock:
+            self._released = True
+            for rows in self.claimed:
+                self.store.release(rows)
+            self.claimed.clear()
         self.trainer.discard_accumulated()

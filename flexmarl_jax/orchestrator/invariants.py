@@ -79,6 +79,20 @@ class ConsistencyChecker:
                 self._trained_count[key] = 1  # accounted for: never trainable again
                 self._generated.pop(key, None)
 
+    def training_discarded(self, sample_ids: Iterable[str], agent: str) -> None:
+        """A failed iteration dropped these samples' gradients before any update: they count as untrained."""
+        with self._lock:
+            for sample_id in sample_ids:
+                self._trained_count.pop((agent, sample_id), None)
+
+    def drop_untrained(self) -> int:
+        """Every sample not trained yet is dropped (a failed iteration's rows before its retry); returns how many."""
+        with self._lock:
+            keys = [key for key in self._generated if not self._trained_count[key]]
+        for agent, sample_id in keys:
+            self.dropped([sample_id], agent)
+        return len(keys)
+
     def untrained(self) -> list[str]:
         """Generated samples ("agent/sample_id") not yet trained or dropped."""
         with self._lock:

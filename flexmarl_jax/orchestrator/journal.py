@@ -11,6 +11,8 @@ is redone from the previous checkpoint; the first attempt's rows are dropped). T
   the checkpoint and `metrics.jsonl` loses no record.
 - `attempts.json`: how often each iteration was started, so a redone iteration gets fresh input ids and
   its first attempt's rows (in a durable store) are dropped.
+- `stops.jsonl`: one line per run that ended early (a stall, a signal, an error): why, when, at which
+  iteration; what `flexmarl train` on the workdir will resume from. Informational: resuming never needs it.
 
 Every file is written atomically (a temporary file, then `os.replace`).
 """
@@ -20,12 +22,14 @@ from __future__ import annotations
 import json
 import logging
 import os
+import time
 
 logger = logging.getLogger(__name__)
 
 PENDING_RECORD = "pending_record.json"
 PENDING_TRAINED = "pending_trained.json"
 ATTEMPTS = "attempts.json"
+STOPS = "stops.jsonl"
 
 
 def read_json(path: str):
@@ -69,6 +73,24 @@ class RunJournal:
         """The iteration's metrics line is written and its rows are consumed: nothing is pending any more."""
         for name in (PENDING_RECORD, PENDING_TRAINED):
             os.remove(self._path(name))
+
+    def record_stop(self, reason: str, *, iteration: int | None, detail: str) -> None:
+        """Marks that the run ends early (`reason`: stalled, signal, error); one appended line, flushed to disk,
+        since the process may be about to exit hard."""
+        line = json.dumps({"time": time.time(), "reason": reason, "iteration": iteration, "detail": detail,
+                           "pid": os.getpid()})
+        with open(self._path(STOPS), "a") as handle:
+            handle.write(line + "\n")
+            handle.flush()
+            os.fsync(handle.fileno())
+
+    def stops(self) -> list[dict]:
+        """Every stop recorded so far, oldest first."""
+        path = self._path(STOPS)
+        if not os.path.isfile(path):
+            return []
+        with open(path) as handle:
+            return [json.loads(line) for line in handle if line.endswith("\n")]
 
     # ------------------------------------------------------------------------------------- on resume
     def settle(self, store, writer, start: int) -> None:

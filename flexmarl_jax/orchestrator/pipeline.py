@@ -10,6 +10,11 @@ together (version v -> v+1) and the new weights reach the rollout instances befo
 weights rollout has then), overlapping the current iteration's training; its rows are held back until the
 current iteration's micro-batches are done, are trained one version later, and any row beyond the bound is
 dropped, never trained.
+
+Failures: a trainer error (`dispatch.TrainerFailed`) gives every claim of the iteration back and stops the
+other agents' dispatchers; `prepare_retry` then sets up a second attempt (run.py retries once). Every wait
+here is bounded by `liveness.Liveness`: it ends with `PipelineStalled` when nothing made progress for
+`stall_timeout_s`, or with `IterationAbandoned` after `abandon_iteration()`.
 """
 
 from __future__ import annotations
@@ -26,8 +31,9 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from flexmarl_jax.metrics import GENERATED_TOKENS, REQUESTS, Timeline
-from flexmarl_jax.orchestrator.dispatch import AgentDispatcher, DispatchStats
+from flexmarl_jax.orchestrator.dispatch import AgentDispatcher, DispatchStats, TrainerFailed
 from flexmarl_jax.orchestrator.invariants import ConsistencyChecker
+from flexmarl_jax.orchestrator.liveness import IterationAbandoned, Liveness, ProgressBeacon
 from flexmarl_jax.orchestrator.modes import PIPELINE_MODES
 from flexmarl_jax.orchestrator.shared_training import TrainingPool
 from flexmarl_jax.orchestrator.sink import StoreSink
@@ -60,6 +66,7 @@ class PipelineSettings:
     seed: int = 0
     debug_invariants: bool = False
     deterministic: bool = False  # train after the rollout, micro-batches cut in group-id order
+    stall_timeout_s: float | None = None  # run.stall_timeout_s: a wait ends after this long without progress
 
     def __post_init__(self):
         if self.mode not in MODES:
@@ -110,8 +117,8 @@ class _Rollout:
             self.done.set()
             self._wake_claims()
 
-    def wait(self) -> RunResult:
-        self._thread.join()
+    def wait(self, liveness: Liveness) -> RunResult:
+        liveness.join(self._thread, f"the rollout of iteration {self.iteration}")
         if self.error is not None:
             raise RuntimeError(f"rollout of iteration {self.iteration} failed: {self.error}") from self.error
         return self.result
@@ -132,13 +139,16 @@ class JointOrchestrator:
         agent applied its update and before the iteration's rows are marked consumed (run.py checkpoints
         there, so a crash never loses a sample, and keeps the record and the trained ids with the checkpoint,
         so a crash never loses an iteration's metrics and a resume can mark its rows consumed).
+      beacon: the run's progress beacon (rows stored, micro-batches, iteration phases beat it); every wait of
+        the pipeline ends once it was quiet for `settings.stall_timeout_s`.
     """
 
     def __init__(self, settings: PipelineSettings, *, agents: Mapping[str, AgentRuntime], training: TrainingPool,
                  store: ExperienceStore, workflow: Workflow, task: Task, backend: GenerationBackend,
                  sync_weights: Callable[[str, Any, int], None], aggregation: str, estimator: str,
                  timeline: Timeline | None = None,
-                 on_update_applied: Callable[[int, dict, dict[str, list[str]]], None] | None = None):
+                 on_update_applied: Callable[[int, dict, dict[str, list[str]]], None] | None = None,
+                 beacon: ProgressBeacon | None = None):
         self.settings = settings
         self.agents = dict(agents)
         self.training = training
@@ -166,6 +176,9 @@ class JointOrchestrator:
                 norm_length=settings.max_response_length)
         for agent in self.trainers:
             self.timeline.declare(f"train/{agent}")
+        self.beacon = beacon or ProgressBeacon()
+        self.liveness = Liveness(self.beacon, settings.stall_timeout_s)
+        self._stop_dispatchers: threading.Event | None = None  # the running iteration's (see _dispatchers)
         self._pending_rollout: _Rollout | None = None
         self.attempts: dict[int, int] = {}  # iteration -> times it was restarted after a crash
         self._synced = {}
@@ -203,9 +216,13 @@ class JointOrchestrator:
         return problems
 
     def _start_rollout(self, iteration: int, *, hold_rows: bool) -> _Rollout:
-        on_generated = None
-        if self.checker is not None:
-            on_generated = lambda record, deps: self.checker.generated(record.sample_id, record.agent, deps)  # noqa: E731
+        checker, beacon = self.checker, self.beacon
+
+        def on_generated(record, deps) -> None:
+            beacon.beat(f"a row of {record.agent} reached the store")
+            if checker is not None:
+                checker.generated(record.sample_id, record.agent, deps)
+
         # Rows reach the store a micro-batch at a time: fewer, larger appends, each one claimable at once.
         # Fewer rows than that are not claimable before the rollout ends (when the sink is flushed), so the
         # delay bound only keeps a long rollout's store from lagging far behind for observers.
@@ -218,20 +235,26 @@ class JointOrchestrator:
         executor = WorkflowExecutor(
             self.workflow, self.backend, self.task, samples_per_query=self.settings.samples_per_query,
             sampling=sampling, mode="dependency", max_concurrent_queries=1 if serial else None,
-            group_root_requests=not serial)  # parallel sampling: one prefill for a query's n samples
+            group_root_requests=not serial,  # parallel sampling: one prefill for a query's n samples
+            request_timeout_s=self.settings.stall_timeout_s)  # a rollout where no call ends for that long fails
         return _Rollout(iteration, sink, executor, self.problems_for(iteration), self.timeline,
                         wake_claims=lambda: self.store.wake_claims())
 
     # ------------------------------------------------------------------------------------------ training
     def _dispatchers(self) -> dict[str, AgentDispatcher]:
         on_trained = self.checker.trained if self.checker is not None else None
+        stop = threading.Event()  # shared: one agent's failure, or an abandoned iteration, stops them all
+        self._stop_dispatchers = stop
+        if self.liveness.abandon.is_set():
+            stop.set()
         return {
             agent: AgentDispatcher(
                 agent, trainer, self.store, micro_batch_size=self.settings.micro_batch_size,
                 normalizers=self.normalizers[agent], aggregation=self.aggregation,
                 pad_id=self.agents[agent].pad_id, max_staleness=self.settings.max_staleness,
                 variable_groups=agent in self._conditional, timeline=self.timeline, resource=f"train/{agent}",
-                on_trained=on_trained, ordered=self.settings.deterministic)
+                on_trained=on_trained, ordered=self.settings.deterministic, on_progress=self.beacon.beat,
+                stop=stop)
             for agent, trainer in self.trainers.items()
         }
 
@@ -244,11 +267,15 @@ class JointOrchestrator:
             try:
                 dispatchers[agent].drain(versions, rollout.done, stats[agent], iteration_start=rollout.start_time)
             except BaseException:
-                rollout.done.wait()  # the rollout still owns its threads: fail only once it is over
+                dispatchers[agent].stop.set()  # the other agents claim nothing more
+                self.store.wake_claims()
+                # The rollout still owns its threads: fail only once it is over (or the run stalled).
+                self.liveness.wait_event(rollout.done, f"the rollout of iteration {rollout.iteration} to end")
                 raise
 
         if concurrent:
-            run_threads({f"dispatch-{agent}": functools.partial(drain, agent) for agent in dispatchers})
+            run_threads({f"dispatch-{agent}": functools.partial(drain, agent) for agent in dispatchers},
+                        liveness=self.liveness)
         else:
             for agent in dispatchers:
                 drain(agent)
@@ -262,6 +289,7 @@ class JointOrchestrator:
         """
         t0 = self.timeline.now()
         pool_t0 = self.training.clock()
+        self.beacon.beat(f"iteration {iteration} started")
         rollout = self._begin_rollout(iteration)
         dispatchers = self._dispatchers()
         stats = {agent: DispatchStats() for agent in dispatchers}
@@ -269,8 +297,11 @@ class JointOrchestrator:
             result = self._rollout_and_drain(iteration, rollout, dispatchers, stats)
             train_metrics = self._apply_all()
         except BaseException:
-            for dispatcher in dispatchers.values():
+            for agent, dispatcher in dispatchers.items():
+                if self.checker is not None:
+                    self.checker.training_discarded([i for rows in dispatcher.claimed for i in rows.sample_ids], agent)
                 dispatcher.release_all()  # nothing of this iteration was applied: its rows are claimable again
+            self._abandon_pending_rollout()
             raise
         trained = {agent: [sample_id for rows in dispatcher.claimed for sample_id in rows.sample_ids]
                    for agent, dispatcher in dispatchers.items()}
@@ -279,11 +310,13 @@ class JointOrchestrator:
         record["train_pool"] = self._train_pool_record(t0, self.timeline.now(), pool_t0)
         if self.on_update_applied is not None:
             self.on_update_applied(iteration, record, trained)  # checkpoint: before the rows count as consumed
+            self.beacon.beat(f"iteration {iteration} checkpointed")
         for dispatcher in dispatchers.values():
             dispatcher.commit()
         if self.checker is not None and self.settings.max_staleness == 0:
             self.checker.check_all_consumed()
         self.sync_all()
+        self.beacon.beat(f"iteration {iteration} done")
         # The wall-clock fields cover the whole iteration, checkpoint and weight sync included; the record
         # the journal kept with the checkpoint has none (a resumed run writes it without them).
         t1 = self.timeline.now()
@@ -307,12 +340,14 @@ class JointOrchestrator:
         settings = self.settings
         train_alongside = {"train-side": functools.partial(self._drain_all, dispatchers, stats, rollout,
                                                            concurrent=True)}
-        with threads_running(train_alongside if settings.overlaps_training else {}):
-            result = rollout.wait()
+        with threads_running(train_alongside if settings.overlaps_training else {}, liveness=self.liveness):
+            result = rollout.wait(self.liveness)
             if settings.max_staleness > 0 and iteration + 1 < self._last_iteration:
                 self._pending_rollout = self._start_rollout(iteration + 1, hold_rows=True)
         if not settings.overlaps_training:
             self._drain_all(dispatchers, stats, rollout, concurrent=settings.mode != "serial")
+        if self.liveness.abandon.is_set():  # the dispatchers stopped claiming: the iteration is incomplete
+            raise IterationAbandoned(f"iteration {iteration} was abandoned")
         rollout.sink.close()
         unfinished = rollout.sink.unfinished()
         if unfinished:
@@ -324,14 +359,53 @@ class JointOrchestrator:
         metrics = {}
 
         def apply(agent: str, trainer: AgentTrainer) -> None:
-            if trainer.pending_micro_batches:
-                trainer.activate()  # waiting for a shared slice is not training time
-            with self.timeline.busy(f"train/{agent}", "train", agent=agent):
-                metrics[agent] = trainer.apply(allow_empty=True)
+            try:
+                if trainer.pending_micro_batches:
+                    trainer.activate()  # waiting for a shared slice is not training time
+                with self.timeline.busy(f"train/{agent}", "train", agent=agent):
+                    metrics[agent] = trainer.apply(allow_empty=True)
+            except Exception as error:
+                raise TrainerFailed(agent, "applying the update", error) from error
 
         run_threads({f"apply-{agent}": functools.partial(apply, agent, trainer)
-                     for agent, trainer in self.trainers.items()})
+                     for agent, trainer in self.trainers.items()}, liveness=self.liveness)
         return metrics
+
+    # ------------------------------------------------------------------------------------------ failures
+    def abandon_iteration(self) -> None:
+        """Gives up the running iteration (a stop that does not wait for it): every wait of the pipeline ends
+        with IterationAbandoned, dispatchers claim nothing more, and nothing of the iteration is applied.
+
+        Safe in a signal handler: it only sets events here; the store's blocked claims are woken from a thread
+        of their own, since the interrupted main thread may hold a table's (non-reentrant) lock."""
+        self.liveness.abandon.set()
+        if self._stop_dispatchers is not None:
+            self._stop_dispatchers.set()
+        threading.Thread(target=self.store.wake_claims, name="abandon-wake", daemon=True).start()
+
+    def prepare_retry(self, iteration: int, attempt: int) -> int:
+        """Before attempt number `attempt` (>= 1) of an iteration whose earlier attempt failed with every agent
+        still at the iteration's starting version: the new attempt gets fresh input ids, and the earlier
+        attempt's rows (released when it failed) are dropped, never trained. Returns the rows dropped."""
+        self._abandon_pending_rollout()
+        self.attempts[iteration] = attempt
+        if self.checker is not None:
+            self.checker.drop_untrained()
+        next_versions = {agent: version + 1 for agent, version in self.versions().items()}
+        return self.store.drop_stale_rows(current_versions=next_versions, max_staleness=0)
+
+    def _abandon_pending_rollout(self) -> None:
+        """Forgets a next-iteration rollout started early (max_staleness > 0): its rows were held, never
+        stored, so dropping it loses nothing; the next iteration rolls out again."""
+        pending, self._pending_rollout = self._pending_rollout, None
+        if pending is None:
+            return
+        try:
+            pending.wait(self.liveness)
+        except Exception:  # noqa: BLE001 - its results are dropped anyway; the failure that got us here counts
+            logger.warning("the early rollout of iteration %d did not end cleanly; dropped", pending.iteration)
+            return
+        pending.sink.close()
 
     def set_horizon(self, last_iteration: int) -> None:
         """The iteration number after the last one (a stale-mode rollout never starts beyond it)."""

@@ -2,14 +2,14 @@
 `AgentRuntime`, with the shardings its weight sync targets), and the team's backend the workflow talks to.
 
 Each agent's prompts are tokenised with its own tokenizer (agents of one team may run different checkpoints).
-With `pipeline.balancing` (flexmarl mode) the backend is hierarchical load balancing: a RequestRouter
-(per-agent queues, least-loaded dispatch, timeouts and re-queues) plus an InstanceBalancer that moves
-instances between agents that run the same model with the same tokenizer; a moved instance loads its new
-agent's last synced weights, and later syncs reach it through the router.
-Otherwise it is the plain least-loaded EngineBackend.
+In every mode requests go through a RequestRouter (per-agent queues, least-loaded dispatch, timeouts and
+re-queues) watched by an InstanceHealthMonitor, so a crashed or stuck instance's requests fail over to the
+agent's other instances. With `pipeline.balancing` (flexmarl mode) an InstanceBalancer also moves instances
+between agents that run the same model with the same tokenizer; a moved instance loads its new agent's last
+synced weights, and later syncs reach it through the router.
 
-Balancing knobs: pipeline.balance_delta, pipeline.balance_cooldown_s, pipeline.balance_poll_s,
-rollout.min_instances_per_agent, rollout.request_timeout_s (0 = none), rollout.max_retries.
+Knobs: rollout.request_timeout_s (0 = none), rollout.max_retries, rollout.instance_stall_s; balancing:
+pipeline.balance_delta, pipeline.balance_cooldown_s, pipeline.balance_poll_s, rollout.min_instances_per_agent.
 """
 
 from __future__ import annotations
@@ -25,6 +25,7 @@ from flexmarl_jax.models.functional import param_shardings
 from flexmarl_jax.orchestrator.agents import AgentRuntime
 from flexmarl_jax.rollout.backend import EngineBackend
 from flexmarl_jax.rollout.balancer import InstanceBalancer
+from flexmarl_jax.rollout.health import InstanceHealthMonitor
 from flexmarl_jax.rollout.instance import EngineInstance
 from flexmarl_jax.rollout.protocols import RoutableInstance
 from flexmarl_jax.rollout.routed_backend import RoutedBackend
@@ -120,14 +121,10 @@ def start_engines(config: RunConfig, runtimes: Mapping[str, AgentRuntime], timel
     instances = {agent: list(runtime.instances) for agent, runtime in started.items()}
     every_instance = tuple(instance for runtime in started.values() for instance in runtime.instances)
     tokenizers = {agent: runtime.tokenizer for agent, runtime in started.items()}
-    if config.pipeline.balancing and config.pipeline.mode == "flexmarl":
-        weights = {agent: (runtime.trainer.params, runtime.trainer.policy_version)
-                   for agent, runtime in started.items()}
-        backend, balancer = build_balanced_backend(config, instances, tokenizers, timeline, weights)
-        return started, RolloutHandle(backend=backend, sync_weights=backend.update_params, instances=every_instance,
-                                      balancer=balancer)
-    backend = EngineBackend(instances, tokenizers)
-    return started, RolloutHandle(backend=backend, sync_weights=backend.update_params, instances=every_instance)
+    weights = {agent: (runtime.trainer.params, runtime.trainer.policy_version) for agent, runtime in started.items()}
+    backend, balancer = build_routed_backend(config, instances, tokenizers, timeline, weights)
+    return started, RolloutHandle(backend=backend, sync_weights=backend.update_params, instances=every_instance,
+                                  balancer=balancer)
 
 
 def balancing_settings(config: RunConfig) -> dict[str, Any]:
@@ -143,11 +140,12 @@ def balancing_settings(config: RunConfig) -> dict[str, Any]:
     }
 
 
-def build_balanced_backend(config: RunConfig, instances: dict[str, list[EngineInstance]], tokenizers,
-                           timeline: Timeline, weights: dict[str, tuple[Any, int]], *, start: bool = True
-                           ) -> tuple[RoutedBackend, InstanceBalancer]:
-    """Router + balancer over `instances`; `tokenizers` agent -> its tokenizer; `weights` are each agent's
-    (params, version) served now. Instances move only between agents of one model and tokenizer."""
+def build_routed_backend(config: RunConfig, instances: dict[str, list[EngineInstance]], tokenizers,
+                         timeline: Timeline, weights: dict[str, tuple[Any, int]], *, start: bool = True
+                         ) -> tuple[RoutedBackend, InstanceBalancer | None]:
+    """Router + health monitor (+ balancer with `pipeline.balancing` in flexmarl mode) over `instances`;
+    `tokenizers` agent -> its tokenizer; `weights` are each agent's (params, version) served now. Instances
+    move only between agents of one model and tokenizer."""
     knobs = balancing_settings(config)
 
     def relabel(instance: RoutableInstance, from_agent: str, to_agent: str) -> None:
@@ -156,7 +154,11 @@ def build_balanced_backend(config: RunConfig, instances: dict[str, list[EngineIn
 
     router = RequestRouter(instances, timeout_s=knobs["timeout_s"], max_retries=knobs["max_retries"],
                            initial_weights=weights, on_migrated=relabel)
-    balancer = InstanceBalancer(router, delta=knobs["delta"], cooldown_s=knobs["cooldown_s"],
-                                poll_interval_s=knobs["poll_interval_s"],
-                                min_instances_per_agent=knobs["min_instances_per_agent"], timeline=timeline)
-    return RoutedBackend(router, tokenizers, start=start, services=[balancer]), balancer
+    services: list[Any] = [InstanceHealthMonitor(router, stall_s=config.rollout.instance_stall_s)]
+    balancer = None
+    if config.pipeline.balancing and config.pipeline.mode == "flexmarl":
+        balancer = InstanceBalancer(router, delta=knobs["delta"], cooldown_s=knobs["cooldown_s"],
+                                    poll_interval_s=knobs["poll_interval_s"],
+                                    min_instances_per_agent=knobs["min_instances_per_agent"], timeline=timeline)
+        services.append(balancer)
+    return RoutedBackend(router, tokenizers, start=start, services=services), balancer

@@ -4,18 +4,24 @@ Resume: a workdir holding checkpoints continues from the last one. An iteration 
 applied and checkpointed before its rows are marked consumed, and a run killed mid-iteration redoes that
 iteration from the last checkpoint — nothing it had claimed was applied, so no sample is counted twice
 (`journal.RunJournal` keeps the side files this needs).
+
+Failures (docs/architecture.md, "Failures"): one live run per workdir (`workdir_lock`); a trainer error is
+retried once (`retry`); a stall ends the run through the pipeline's bounded waits or the `watchdog`; SIGTERM
+and SIGINT stop it at a consistent point (`stop_signals`). Every early end is recorded in the journal
+(`stops.jsonl`) and exits non-zero with one line saying that the workdir resumes.
 """
 
 from __future__ import annotations
 
 import logging
 import os
+import sys
 import time
 from collections.abc import Mapping
 from typing import NamedTuple
 
-from flexmarl_jax import metrics
-from flexmarl_jax.config import RunConfig
+from flexmarl_jax import faults, metrics
+from flexmarl_jax.config import ConfigError, RunConfig
 from flexmarl_jax.orchestrator.agents import (
     AgentRuntime,
     agent_layout,
@@ -26,11 +32,16 @@ from flexmarl_jax.orchestrator.agents import (
 )
 from flexmarl_jax.orchestrator.evaluation import TeamEvaluator, evaluation_due
 from flexmarl_jax.orchestrator.journal import RunJournal
+from flexmarl_jax.orchestrator.liveness import IterationAbandoned, PipelineStalled, ProgressBeacon
 from flexmarl_jax.orchestrator.pipeline import JointOrchestrator, PipelineSettings
 from flexmarl_jax.orchestrator.preflight import Preflight, preflight
+from flexmarl_jax.orchestrator.retry import run_with_one_retry
 from flexmarl_jax.orchestrator.rollout_setup import RolloutHandle, start_engines
+from flexmarl_jax.orchestrator.stop_signals import StopSignals
 from flexmarl_jax.orchestrator.warmup import run_warmup, warmup_examples
+from flexmarl_jax.orchestrator.watchdog import EXIT_STALLED, Watchdog, exit_now, log_stacks_and_mark, report_stall
 from flexmarl_jax.orchestrator.weight_sync import StoreWeightSync
+from flexmarl_jax.orchestrator.workdir_lock import WorkdirLock
 from flexmarl_jax.store import ExperienceStore
 from flexmarl_jax.train.algorithms import loss_config_for
 from flexmarl_jax.train.checkpoint import CHECKPOINT_DIR, restore_trainer, save_all
@@ -41,6 +52,10 @@ from flexmarl_jax.workflows.splits import EVAL_PROBLEMS_SEED
 from flexmarl_jax.workflows.warmup_data import WARMUP_KINDS
 
 logger = logging.getLogger(__name__)
+
+
+class RunStopped(RuntimeError):
+    """The run ended early on an error; the message is one line ending with where the workdir resumes from."""
 
 
 class BuiltRun(NamedTuple):
@@ -61,14 +76,16 @@ def pipeline_settings(config: RunConfig) -> PipelineSettings:
         samples_per_query=config.workflow.samples_per_query, micro_batch_size=config.train.micro_batch_size,
         max_response_length=config.rollout.max_response_length, max_staleness=config.train.max_staleness,
         seed=config.seed, debug_invariants=config.pipeline.debug_invariants,
-        deterministic=config.pipeline.deterministic)
+        deterministic=config.pipeline.deterministic, stall_timeout_s=config.run.stall_timeout_s)
 
 
 def build_orchestrator(config: RunConfig, *, timeline: metrics.Timeline | None = None,
-                       resume: bool = True, checked: Preflight | None = None) -> BuiltRun:
+                       resume: bool = True, checked: Preflight | None = None,
+                       beacon: ProgressBeacon | None = None) -> BuiltRun:
     """Everything a run needs, its agents built by `agents.build_agent_runtimes` (see `BuiltRun`).
 
     checked: what `preflight(config)` returned (it is run here when not given).
+    beacon: the run's progress beacon; every engine instance's decode steps count as progress on it.
     """
     checked = preflight(config) if checked is None else checked
     agents = team_agents(config.workflow)
@@ -92,6 +109,9 @@ def build_orchestrator(config: RunConfig, *, timeline: metrics.Timeline | None =
         timeline = metrics.Timeline.load(saved) if common is not None and os.path.isfile(saved) else metrics.Timeline()
     store = ExperienceStore.open(config.workdir, agents=agents, backend=config.store.backend)
     runtimes, rollout = start_engines(config, runtimes, timeline)
+    beacon = beacon or ProgressBeacon()
+    for instance in rollout.instances:
+        beacon.add_source(f"a decode step of {instance.name}", instance.progress.last_step_at)
     state_store = StateStore()
     # Agent-centric allocation (shared slices): agents hold a slice only while they have a micro-batch. The
     # engines above copied the initial weights; the orchestrator syncs every agent before rollout.
@@ -103,7 +123,7 @@ def build_orchestrator(config: RunConfig, *, timeline: metrics.Timeline | None =
     orchestrator = JointOrchestrator(
         pipeline_settings(config), agents=runtimes, training=training, store=store, workflow=workflow, task=task,
         backend=rollout.backend, sync_weights=sync_weights, aggregation=loss.aggregation,
-        estimator=loss.advantage_estimator, timeline=timeline,
+        estimator=loss.advantage_estimator, timeline=timeline, beacon=beacon,
         on_update_applied=lambda iteration, record, trained: _checkpoint(
             trainers, config.workdir, RunJournal(config.workdir), record, trained))
     return BuiltRun(orchestrator, runtimes, store, rollout, start)
@@ -179,14 +199,27 @@ def _prepare_resume(root: str, agents) -> int | None:
     return newest
 
 
-def _begin_attempt(orchestrator: JointOrchestrator, journal: RunJournal, iteration: int) -> None:
-    """Records that `iteration` starts. If an earlier run started it and died before its update was
-    checkpointed, the durable store still holds that attempt's unapplied rows: drop them and redo it."""
-    previous = journal.begin_attempt(iteration)
+def _begin_attempt(orchestrator: JointOrchestrator, journal: RunJournal, iteration: int, *, durable: bool) -> None:
+    """Records that `iteration` starts (in the journal when the store is `durable`). If an earlier attempt
+    started it and failed, or an earlier run died, before its update was checkpointed, the store still holds
+    that attempt's unapplied rows: drop them and redo it with fresh input ids."""
+    previous = journal.begin_attempt(iteration) if durable else orchestrator.attempts.get(iteration, -1) + 1
     orchestrator.attempts[iteration] = previous
     if previous:
-        dropped = orchestrator.store.drop_stale_rows(current_versions=iteration + 1, max_staleness=0)
+        dropped = orchestrator.prepare_retry(iteration, previous)
         logger.info("redoing iteration %d (attempt %d); dropped %d unapplied rows", iteration, previous, dropped)
+
+
+def _run_all(*steps) -> BaseException | None:
+    """Calls every step; logs each failure and returns the first."""
+    first = None
+    for step in steps:
+        try:
+            step()
+        except Exception as error:  # noqa: BLE001 - logged; the caller decides whether it matters
+            logger.exception("shutdown step %s failed", getattr(step, "__qualname__", step))
+            first = first or error
+    return first
 
 
 def build_evaluator(config: RunConfig, orchestrator: JointOrchestrator) -> TeamEvaluator | None:
@@ -202,7 +235,7 @@ def build_evaluator(config: RunConfig, orchestrator: JointOrchestrator) -> TeamE
                          orchestrator.sampling, samples=config.eval.samples)
 
 
-def run_training(config: RunConfig, *, gantt_iterations: int | None = None) -> int:
+def run_training(config: RunConfig, *, workdir_locked: bool = False, gantt_iterations: int | None = None) -> int:
     """Runs `config.iterations` iterations (resuming from the workdir); returns a process exit code.
 
     gantt_iterations: the plots' Gantt window, the last k iterations (None: the plots' default; 0: the whole
@@ -210,20 +243,45 @@ def run_training(config: RunConfig, *, gantt_iterations: int | None = None) -> i
 
     With `eval.enabled`, the team is evaluated on the held-out problems after warm-up (before the first update),
     after every `eval.every` iterations and after the last one (`evaluation.evaluation_due`); an evaluation
-    already in metrics.jsonl (a resumed run) is not repeated."""
-    checked = preflight(config)  # models, prompts and memory checked before anything is written
+    already in metrics.jsonl (a resumed run) is not repeated.
+
+    The workdir is locked first (`workdir_lock.WorkdirBusy` when a live run holds it, before anything is
+    written), unless the caller holds its lock already (`workdir_locked`: the CLI takes it before JAX starts).
+    A stop by signal returns 128 + its number, a stall `watchdog.EXIT_STALLED`; an error raises
+    RunStopped. Each of them is recorded in the journal and leaves a workdir that resumes.
+
+    Fault injection (flexmarl_jax/faults.py) is armed from $FLEXMARL_FAULTS, for tests and `bench faults`."""
+    try:
+        armed = faults.arm_from_env()
+    except ValueError as error:
+        raise ConfigError(f"${faults.ENV_VAR}: {error}") from None
+    if armed:
+        logger.warning("fault injection armed: %s", ", ".join(armed))
+    if workdir_locked:
+        return _run_locked(config, gantt_iterations)
+    with WorkdirLock(config.workdir):
+        return _run_locked(config, gantt_iterations)
+
+
+def _run_locked(config: RunConfig, gantt_iterations: int | None) -> int:
+    checked = preflight(config)  # models, prompts and memory checked before anything else is written
     workdir = config.workdir
-    os.makedirs(workdir, exist_ok=True)
     with open(os.path.join(workdir, "config.json"), "w") as handle:
         handle.write(config.to_json(indent=1))  # the typed config, every field (RunConfig.to_dict)
     started = time.monotonic()
-    orchestrator, _agents, store, rollout, start = build_orchestrator(config, checked=checked)
+    journal = RunJournal(workdir)
+    for stop in journal.stops()[-1:]:
+        logger.warning("the previous run on this workdir stopped early (%s at iteration %s: %s); resuming",
+                       stop["reason"], stop["iteration"], stop["detail"])
+    beacon = ProgressBeacon()
+    orchestrator, _agents, store, rollout, start = build_orchestrator(config, checked=checked, beacon=beacon)
     timeline = orchestrator.timeline
     orchestrator.set_horizon(config.iterations)
     writer = metrics.MetricsWriter(workdir)
-    journal = RunJournal(workdir)
     journal.settle(store, writer, start)
     evaluator = build_evaluator(config, orchestrator)
+    current = {"iteration": start}
+    resume_hint = f"the workdir resumes from its last checkpoint: flexmarl train --workdir={workdir} (same config)"
 
     def evaluate_if_due(step: int, progress: metrics.IterationProgress) -> None:
         """Evaluates the policies after `step` iterations when an eval is due and not yet recorded."""
@@ -234,22 +292,68 @@ def run_training(config: RunConfig, *, gantt_iterations: int | None = None) -> i
             writer.write(record)
             progress.report_eval(record)
 
+    def mark(reason: str, detail: str) -> None:
+        journal.record_stop(reason, iteration=current["iteration"], detail=detail)
+
+    def stalled(idle_s: float, what: str) -> None:  # the watchdog's thread: the run may be hung anywhere
+        summary = report_stall(idle_s, what, config.run.stall_timeout_s, lambda text: mark("stalled", text))
+        print(f"flexmarl train: stalled: {summary}; {resume_hint}", file=sys.stderr)
+        exit_now(EXIT_STALLED)
+
+    def stop_overdue(detail: str) -> None:  # the stop timer's thread
+        log_stacks_and_mark(detail, lambda text: mark("signal", text))
+        print(f"flexmarl train: {detail}; {resume_hint}", file=sys.stderr)
+        exit_now(signals.exit_code)
+
+    signals = StopSignals(config.run.stop_mode, config.run.stop_timeout_s, abandon=orchestrator.abandon_iteration,
+                          on_timeout=stop_overdue).install()
+    beacon.beat("the iteration loop starts")
+    watchdog = Watchdog(beacon, config.run.stall_timeout_s, stalled).start()
+
+    def attempt(iteration: int) -> None:
+        _begin_attempt(orchestrator, journal, iteration, durable=config.store.backend == "file")
+
     try:
         with metrics.IterationProgress(total=config.iterations, initial=start) as progress:
             evaluate_if_due(start, progress)  # the start of RL: after warm-up (or where a resumed run stopped)
             for iteration in range(start, config.iterations):
-                if config.store.backend == "file":
-                    _begin_attempt(orchestrator, journal, iteration)
-                record = orchestrator.run_iteration(iteration)
+                if signals.requested.is_set():
+                    break
+                current["iteration"] = iteration
+                record = run_with_one_retry(orchestrator, iteration, attempt)
                 writer.write(record)
                 journal.iteration_logged()
                 timeline.save(workdir)
                 progress.advance(record)
-                evaluate_if_due(iteration + 1, progress)  # on the weights the iteration's update synced
-    finally:
-        rollout.shutdown()
-        store.close()
-        writer.close()
+                current["iteration"] = iteration + 1
+                if not signals.requested.is_set():
+                    evaluate_if_due(iteration + 1, progress)  # on the weights the iteration's update synced
+    except IterationAbandoned:
+        detail = f"{signals.signal_name or 'a stop'} abandoned iteration {current['iteration']}"
+        mark("signal", detail)
+        print(f"flexmarl train: stopped: {detail}; {resume_hint}", file=sys.stderr)
+        return signals.exit_code
+    except PipelineStalled as error:
+        report_stall(beacon.idle_s(), str(error), config.run.stall_timeout_s, lambda text: mark("stalled", text))
+        print(f"flexmarl train: stalled: {error}; {resume_hint}", file=sys.stderr)
+        return EXIT_STALLED
+    except Exception as error:
+        logger.exception("iteration %d failed", current["iteration"])
+        mark("error", f"{type(error).__name__}: {error}")
+        raise RunStopped(f"iteration {current['iteration']} failed: {error}; {resume_hint}") from error
+    finally:  # the watchdog and the stop timer still bound the shutdown (an instance that never returns)
+        # Each step runs even if one before it fails (a broken store fails its close too); a failure here is
+        # raised only when the run itself ended well, else it would hide the error that stopped the run.
+        shutdown_error = _run_all(rollout.shutdown, store.close, writer.close)
+        watchdog.stop()
+        signals.restore()
+    if shutdown_error is not None:
+        raise shutdown_error
+    if signals.requested.is_set() and current["iteration"] < config.iterations:
+        detail = f"{signals.signal_name} after iteration {current['iteration'] - 1} (checkpointed)"
+        mark("signal", detail)
+        print(f"flexmarl train: stopped by {detail}; {resume_hint}", file=sys.stderr)
+        return signals.exit_code
     metrics.print_summary(writer.records)
     from flexmarl_jax.metrics import plots
 

@@ -15,6 +15,7 @@ import threading
 from collections.abc import Callable
 from typing import Any
 
+from flexmarl_jax import faults
 from flexmarl_jax.transfer import StateStore
 
 KEY_PREFIX = "weights/"
@@ -37,6 +38,7 @@ class StoreWeightSync:
         return KEY_PREFIX + agent
 
     def __call__(self, agent: str, params: Any, version: int) -> None:
+        faults.raise_if_fired("weight_sync", agent)
         key = self.key(agent)
         with self._lock:
             self.store.set(key, params)

@@ -10,6 +10,7 @@ resolves with one `Completion` per sample, in sample order.
 from __future__ import annotations
 
 import concurrent.futures
+import time
 import zlib
 from collections.abc import Mapping, Sequence
 from typing import Any
@@ -111,11 +112,16 @@ class EngineBackend:
         for instance in self.instances[agent]:
             instance.update_params(params, version)
 
-    def close(self) -> None:
+    def close(self, timeout_s: float = 30.0) -> None:
+        """Stops every instance's thread: all are asked at once, then joined within one shared `timeout_s` (an
+        instance whose step never returns is left behind rather than holding up the others)."""
         if self._started:
-            for agent_instances in self.instances.values():
-                for instance in agent_instances:
-                    instance.stop()
+            every = [instance for agent_instances in self.instances.values() for instance in agent_instances]
+            for instance in every:
+                instance.request_stop()
+            deadline = time.monotonic() + timeout_s
+            for instance in every:
+                instance.stop(timeout=max(0.1, deadline - time.monotonic()))
             self._started = False
 
     def __enter__(self) -> EngineBackend:

@@ -160,5 +160,4 @@ class InstanceBalancer:
         self.record_gauges()
 
     def _tick(self) -> None:
-        self.poll_once()
-        self.router.check_timeouts()
+        self.poll_once()  # request timeouts and stuck instances are the InstanceHealthMonitor's (health.py)

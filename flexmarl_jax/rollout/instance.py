@@ -16,6 +16,13 @@ happens to sequences in flight is `swap_policy` (settings.VersionSwapPolicy):
 DRAIN finishes them under the old weights (their results carry the old
 `policy_version`) before swapping; REQUEUE aborts them and restarts them from the
 prompt under the new weights. Either way no sequence mixes versions.
+
+Locks. Two: `_lock` guards the hand-over state (incoming requests, pending weights, the published load figures)
+and is only ever held for a few lines; `_step_lock` serialises use of the rollout loop and is held for a
+whole engine step. `submit`, `load`, `update_params` and `has_work` take only the first, so a step that hangs
+never blocks them; `cancel` waits for the step lock at most `cancel_wait_s` and otherwise reports that it
+could not cancel (the router then ignores the late result). Progress (`progress`, a `StepProgress`) is
+published without any lock, so a health check can tell a stuck instance from a busy one.
 """
 
 from __future__ import annotations
@@ -23,12 +30,15 @@ from __future__ import annotations
 import dataclasses
 import logging
 import threading
+import time
 from typing import Any
 
 import jax
 
+from flexmarl_jax import faults
 from flexmarl_jax.rollout.engine import FlexEngine, pad_prompt
 from flexmarl_jax.rollout.loop import RolloutLoop, RolloutRequest
+from flexmarl_jax.rollout.progress import StepProgress
 from flexmarl_jax.rollout.settings import EngineConfig, VersionSwapPolicy
 
 logger = logging.getLogger(__name__)
@@ -56,6 +66,7 @@ class EngineInstance:
         policy_version: int = 0,
         swap_policy: VersionSwapPolicy | str = VersionSwapPolicy.DRAIN,
         name: str = "instance",
+        cancel_wait_s: float = 0.5,
     ):
         self.engine = engine
         self.name = name
@@ -66,8 +77,15 @@ class EngineInstance:
         # jit keys on committedness, so both must match for a swap to reuse the compiled steps.
         params = jax.device_put(params, self._param_shardings)
         self._loop = RolloutLoop(engine, params, policy_version=policy_version, defer_callbacks=True)
-        self._cond = threading.Condition(threading.RLock())
+        self._cond = threading.Condition(threading.RLock())  # the hand-over state (module docstring, "Locks")
+        self._step_lock = threading.RLock()  # the loop: held for a whole step
+        self.cancel_wait_s = cancel_wait_s
+        self.progress = StepProgress()
         self._incoming: list[RolloutRequest] = []
+        self._admitting: list[RolloutRequest] = []  # taken from _incoming by the running step, still counted
+        self._submitted = 0  # how many of _admitting the running step has put in the loop
+        self._loop_load = self._read_loop_load()  # the loop's figures as of the last step boundary
+        self._policy_version = policy_version
         self._pending_params: tuple[Any, int] | None = None
         self._thread: threading.Thread | None = None
         self._stopping = False
@@ -109,23 +127,39 @@ class EngineInstance:
 
     def cancel(self, request: RolloutRequest) -> bool:
         """Withdraws a request submitted here (same object); its callbacks never run. Its slots are
-        free for the next step. Returns False when it already finished or was never here."""
+        free for the next step. Returns False when it already finished or was never here, or when the
+        running step did not end within `cancel_wait_s` (a stuck step must not hang the caller)."""
         with self._cond:
             for index, queued in enumerate(self._incoming):
                 if queued is request:
                     del self._incoming[index]
                     return True
-            return self._loop.cancel(request)
+        if not self._step_lock.acquire(timeout=self.cancel_wait_s):
+            return False
+        try:
+            cancelled = self._loop.cancel(request)
+            loop_load = self._read_loop_load()
+            with self._cond:
+                self._loop_load = loop_load
+            return cancelled
+        finally:
+            self._step_lock.release()
+
+    def _read_loop_load(self) -> tuple[int, int, int, bool]:
+        """(queued requests, active slots, outstanding tokens, has work) of the loop; call between steps."""
+        loop = self._loop
+        return loop.queued_requests, loop.active_slots, loop.outstanding_tokens, loop.has_work()
 
     def load(self) -> InstanceLoad:
+        """The load as of the last step boundary plus the requests handed in since (never waits for a step)."""
         with self._cond:
-            loop = self._loop
-            incoming_tokens = sum(r.num_samples * r.max_new_tokens for r in self._incoming)
-            active = loop.active_slots
+            queued, active, outstanding, _ = self._loop_load
+            waiting = self._incoming + self._admitting
+            incoming_tokens = sum(r.num_samples * r.max_new_tokens for r in waiting)
             return InstanceLoad(
-                queued_requests=loop.queued_requests + len(self._incoming),
+                queued_requests=queued + len(waiting),
                 active_slots=active,
-                outstanding_tokens=loop.outstanding_tokens + incoming_tokens,
+                outstanding_tokens=outstanding + incoming_tokens,
                 free_slots=self.engine.max_concurrent_decodes - active,
             )
 
@@ -142,7 +176,7 @@ class EngineInstance:
 
     @property
     def policy_version(self) -> int:
-        return self._loop.policy_version
+        return self._policy_version  # published at step boundaries (the loop's own is the step thread's)
 
     @property
     def generated_tokens(self) -> int:
@@ -174,26 +208,39 @@ class EngineInstance:
     # ------------------------------------------------------------------ driving
     def has_work(self) -> bool:
         with self._cond:
-            return bool(self._incoming) or self._loop.has_work() or self._pending_params is not None
+            return (bool(self._incoming) or bool(self._admitting) or self._loop_load[3]
+                    or self._pending_params is not None)
 
     def step(self) -> None:
         """One admission + generate + bookkeeping round (applies a pending weight swap when legal).
 
-        Finished requests' callbacks run after the instance lock is released, so they may submit
-        follow-up requests to any instance without lock-order deadlocks.
+        Finished requests' callbacks run after both locks are released, so they may submit follow-up
+        requests to any instance without lock-order deadlocks.
         """
-        with self._cond:
+        with self._step_lock:
+            with self._cond:
+                self._admitting, self._incoming = self._incoming, []
+            self.progress.begin()
+            self._submitted = 0
             try:
-                for request in self._incoming:
+                for request in self._admitting:
                     self._loop.submit(request)
-                self._incoming.clear()
+                    self._submitted += 1
                 self._maybe_swap()
+                slow_since = self._injected_faults()
                 self._loop.step()
+                if slow_since is not None:  # instance_slow: this step takes SLOWDOWN times as long
+                    time.sleep((faults.SLOWDOWN - 1) * (time.perf_counter() - slow_since))
                 self._maybe_swap()
                 deliveries = self._loop.take_deliveries()
             except BaseException as error:
                 self._fail(error)
                 raise
+            loop_load = self._read_loop_load()
+            with self._cond:  # the admitted requests now count in the loop's figures instead
+                self._admitting, self._loop_load = [], loop_load
+                self._policy_version = self._loop.policy_version
+            self.progress.end()
         for on_done, results in deliveries:
             on_done(results)
 
@@ -212,12 +259,19 @@ class EngineInstance:
         self._thread = threading.Thread(target=self._run, name=f"rollout-{self.name}", daemon=True)
         self._thread.start()
 
-    def stop(self, timeout: float | None = 30.0) -> None:
+    def request_stop(self) -> None:
+        """Asks the thread to end after its current step (returns at once; `stop` also waits)."""
         with self._cond:
             self._stopping = True
             self._cond.notify_all()
+
+    def stop(self, timeout: float | None = 30.0) -> None:
+        self.request_stop()
         if self._thread is not None:
             self._thread.join(timeout)
+            if self._thread.is_alive():
+                logger.warning("%s: its thread did not end within %s s (a step that never returns); left behind",
+                               self.name, timeout)
             self._thread = None
 
     def _run(self) -> None:
@@ -234,8 +288,18 @@ class EngineInstance:
                 return
 
     # ------------------------------------------------------------------ internals
+    def _injected_faults(self) -> float | None:
+        """The instance faults (flexmarl_jax/faults.py; a dict check when none is armed): crash raises, hang
+        blocks until the fault is disarmed; returns the step's start time when it is to be slow, else None."""
+        faults.raise_if_fired("instance_crash", self.name)
+        if faults.fire("instance_hang", self.name):
+            faults.hang_release.wait()
+        return time.perf_counter() if faults.fire("instance_slow", self.name) else None
+
     def _maybe_swap(self) -> None:
-        if self._pending_params is None:
+        with self._cond:
+            pending = self._pending_params
+        if pending is None:
             return
         loop = self._loop
         if self.swap_policy is VersionSwapPolicy.REQUEUE:
@@ -245,16 +309,22 @@ class EngineInstance:
         elif loop.is_decoding():
             loop.admission_open = False  # drain: finish in-flight sequences under the old weights
             return
-        params, version = self._pending_params
+        params, version = pending
         loop.set_params(params, version)
         loop.admission_open = True
-        self._pending_params = None
+        with self._cond:
+            if self._pending_params is pending:  # a newer sync that landed meanwhile applies next
+                self._pending_params = None
         self.swaps += 1
 
     def _fail(self, error: BaseException) -> None:
-        self._error = error
-        callbacks = [r.on_error for r in self._incoming] + self._loop.pending_error_callbacks()
-        self._incoming.clear()
+        """Under the step lock: every request here gets `error`, and the instance takes no more."""
+        with self._cond:
+            self._error = error
+            stranded = self._incoming + self._admitting[self._submitted:]  # not in the loop yet
+            self._incoming, self._admitting = [], []
+            self._loop_load = (0, 0, 0, False)
+        callbacks = [r.on_error for r in stranded] + self._loop.pending_error_callbacks()
         for callback in callbacks:
             if callback is not None:
                 callback(error)

@@ -15,6 +15,7 @@ from collections.abc import Hashable
 from typing import Any, Protocol
 
 from flexmarl_jax.rollout.loop import RolloutRequest
+from flexmarl_jax.rollout.progress import StepProgress
 
 
 class RoutableInstance(Protocol):
@@ -35,6 +36,12 @@ class RoutableInstance(Protocol):
     def architecture(self) -> Hashable:
         """Equal for instances that can serve each other's weights; migrations across different ones
         are refused."""
+        ...
+
+    @property
+    def progress(self) -> StepProgress:
+        """Its engine steps so far, readable without any lock of the instance (the router's health check reads
+        it while a step may hang)."""
         ...
 
     def check_request(self, request: RolloutRequest) -> None:

@@ -10,6 +10,11 @@ agent's weights, and only then takes the receiving agent's requests.
 Per agent, the least-loaded instance (outstanding tokens, then samples in flight) with room gets the next
 request; that load bookkeeping, per instance and per request, is in routing_state.py.
 
+An instance that holds live requests but finishes no engine step for `stall_s` (`check_progress`, read from
+its lock-free `progress`, so a hung step cannot hang the check) is taken out of routing like one that
+failed: marked broken, its requests re-queued at the front of their agent's queue (counted as an attempt,
+within `max_retries`) for the agent's other instances; a late result from it is ignored.
+
 A dispatched request past `timeout_s` is cancelled (the instance's `cancel(request)`; where that returns
 False, its late result is ignored and it keeps its slots until it ends) and re-queued at the
 front of its agent's queue, at most `max_retries` times; after that its future fails with
@@ -170,6 +175,62 @@ class RequestRouter:
             self.stats["submitted"] += 1
         self._dispatch([agent])
         return future
+
+    def check_progress(self, stall_s: float) -> list[str]:
+        """Takes out of routing every instance that holds live requests and finished no step for `stall_s`
+        (router clock); their requests go to the agent's other instances. Returns the names taken out."""
+        with self._lock:
+            watched = [m for m in self._members.values() if m.state in (SERVING, DRAINING)]
+        steps = {m.name: m.instance.progress.steps for m in watched}  # lock-free reads, outside our lock
+        now = self.clock()
+        stuck = []
+        with self._lock:
+            for member in watched:
+                if member.state not in (SERVING, DRAINING) or not member.live_attempts():
+                    member.watch = None
+                    continue
+                count = steps[member.name]
+                if member.watch is None or member.watch[0] != count:
+                    member.watch = (count, now)  # progress (or newly busy): the clock starts again
+                elif now - member.watch[1] >= stall_s:
+                    stuck.append(member)
+        for member in stuck:
+            self._take_out(member, f"instance {member.name} finished no engine step for {stall_s:g} s")
+        return [member.name for member in stuck]
+
+    def _take_out(self, member: Member, reason: str) -> None:
+        """Marks `member` broken and re-queues (or fails) every live request it holds; never calls it."""
+        resolutions, agents = [], {member.agent}
+        with self._lock:
+            if member.state == BROKEN:
+                return
+            logger.warning("%s; no more requests go to it, its %d request(s) are re-queued", reason,
+                           len(member.live_attempts()))
+            member.state = BROKEN
+            member.version += 1
+            self.stats["stuck"] += 1
+            for attempt in member.live_attempts():
+                job = attempt.job
+                member.drop(attempt.attempt_id)
+                job.attempt, job.deadline = None, None
+                resolutions.extend(self._retry_or_fail(job, reason, None))
+                agents.add(job.agent)
+            resolutions.extend(self._fail_agents_without_instances(agents))
+        self._resolve(resolutions)
+        self._dispatch(agents)
+
+    def _fail_agents_without_instances(self, agents) -> list:
+        """Fails the queued requests of every agent in `agents` left with no healthy instance (lock held)."""
+        resolutions = []
+        for agent in list(agents):
+            if not self.instances_of(agent, include_incoming=True):
+                for queued in self._queues[agent]:
+                    queued.finished = True
+                    self.stats["failed"] += 1
+                    resolutions.append((queued, None, RequestFailed(
+                        queued.label, queued.attempts, f"agent {agent!r} has no healthy instance left")))
+                self._queues[agent].clear()
+        return resolutions
 
     def check_timeouts(self) -> int:
         """Cancels dispatched attempts past their deadline; re-queues or fails them. Returns how many."""
@@ -362,14 +423,7 @@ class RequestRouter:
                 reason = f"instance {member.name} failed: {error!r}"
                 resolutions.extend(self._retry_or_fail(job, reason, error))
                 agents.add(job.agent)
-            for agent in list(agents):
-                if not self.instances_of(agent, include_incoming=True):
-                    for queued in self._queues[agent]:
-                        queued.finished = True
-                        self.stats["failed"] += 1
-                        resolutions.append((queued, None, RequestFailed(
-                            queued.label, queued.attempts, f"agent {agent!r} has no healthy instance left")))
-                    self._queues[agent].clear()
+            resolutions.extend(self._fail_agents_without_instances(agents))
         self._resolve(resolutions)
         self._dispatch(agents)
 

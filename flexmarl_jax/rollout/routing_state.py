@@ -66,6 +66,9 @@ class Member:
     tokens: int = 0
     version: int = 0  # bumped on every load change; heap entries with an older version are stale
     migrated_at: float = float("-inf")
+    # (steps seen, router-clock time they were first seen) while it holds live requests: the health check's
+    # memory of when this instance last made progress (None while it holds none).
+    watch: tuple[int, float] | None = None
 
     @property
     def name(self) -> str:
@@ -83,6 +86,10 @@ class Member:
         self.inflight[attempt.attempt_id] = attempt
         self.samples += attempt.samples
         self.tokens += attempt.tokens
+
+    def live_attempts(self) -> list[Attempt]:
+        """The attempts it holds that still count for their request (not cancelled, not superseded)."""
+        return [a for a in self.inflight.values() if a.job.attempt == a.attempt_id]
 
     def drop(self, attempt_id: int) -> Attempt | None:
         """Stops counting an attempt; None if it was already dropped."""

@@ -23,6 +23,8 @@ import time
 import numpy as np
 import tensorstore as ts
 
+from flexmarl_jax import faults
+
 logger = logging.getLogger(__name__)
 
 _worker: concurrent.futures.ThreadPoolExecutor | None = None
@@ -168,6 +170,7 @@ class Committer:
     def _commit(self, batches: list[WriteBatch]) -> None:
         if not any(batches):
             return
+        faults.raise_if_fired("store_commit")
         txn = ts.Transaction(atomic=True)
         futures = []
         # Within one transaction TensorStore does not order overlapping writes that are in flight together

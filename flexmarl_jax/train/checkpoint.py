@@ -21,6 +21,7 @@ import jax
 import orbax.checkpoint as ocp
 from flax import nnx
 
+from flexmarl_jax import faults
 from flexmarl_jax.models.config import ModelConfig
 from flexmarl_jax.models.functional import abstract_model
 from flexmarl_jax.train.trainer import AgentTrainer
@@ -75,6 +76,7 @@ def save_trainer(trainer: AgentTrainer, directory: str | os.PathLike, *, max_to_
     Must be called at an iteration boundary (no pending micro-batches): a checkpoint never holds a
     half-accumulated gradient, because the store replays unapplied samples after a restart.
     """
+    faults.raise_if_fired("checkpoint_save", trainer.agent)
     flat, _ = flatten_to_names(trainer.checkpoint_state())
     step = trainer.policy_version
     with _manager(directory, max_to_keep) as manager:

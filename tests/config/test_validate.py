@@ -94,7 +94,10 @@ def test_every_variant_of_every_config_file_is_valid(name, recipe_checkpoints):
     module = importlib.import_module(f"flexmarl_jax.configs.{name[:-3]}")
     assert module.VARIANTS, name
     for variant in ("", *module.VARIANTS):
-        _build(f"configs/{name}:{variant}")
+        # On a CPU host `flexmarl train` fakes mesh.fake_cpu_devices devices (8 unless a variant, such as
+        # `faults` with two instances per agent, asks for more).
+        spec = f"configs/{name}:{variant}"
+        _build(spec, devices=max(8, RunConfig.from_config(load_config(spec)).mesh.fake_cpu_devices))
 
 
 def test_variants_combine():

@@ -4,7 +4,14 @@ import jax
 import numpy as np
 import pytest
 
-from flexmarl_jax.config import PipelineConfig, RolloutConfig, RunConfig, TrainConfig, WorkflowConfig
+from flexmarl_jax.config import (
+    PipelineConfig,
+    RolloutConfig,
+    RunConfig,
+    RunControlConfig,
+    TrainConfig,
+    WorkflowConfig,
+)
 from flexmarl_jax.mesh.layout import layout_devices
 from flexmarl_jax.models.tokenizer import CharTokenizer
 from flexmarl_jax.orchestrator.agents import agent_layout, build_agent_runtimes, pool_training
@@ -39,10 +46,13 @@ class ScriptedRollout:
 
 
 def make_orchestrator(mode="flexmarl", *, max_staleness=0, latency=None, debug=True, async_micro_batches=True,
-                      seed=0, workdir=None, backend="memory", algorithm="grpo", deterministic=False):
+                      seed=0, workdir=None, backend="memory", algorithm="grpo", deterministic=False,
+                      stall_timeout_s=600.0):
     # The chain team of configs/tiny.py (solver, verifier, corrector) at this file's sizes.
     config = RunConfig(
-        seed=seed, rollout=RolloutConfig(max_prompt_length=MAX_PROMPT, max_response_length=MAX_RESPONSE),
+        seed=seed, run=RunControlConfig(stall_timeout_s=stall_timeout_s),
+        rollout=RolloutConfig(max_prompt_length=MAX_PROMPT, max_response_length=MAX_RESPONSE,
+                              instance_stall_s=stall_timeout_s / 2),
         workflow=WorkflowConfig(queries_per_iteration=QUERIES, samples_per_query=SAMPLES),
         train=TrainConfig(algorithm=algorithm, learning_rate=1e-2, micro_batch_size=MICRO_BATCH,
                           max_staleness=max_staleness),

@@ -1,0 +1,87 @@
+"""One live run per workdir: an exclusive `flock` on `WORKDIR/run.lock`, held for the life of the process.
+
+Two runs on one workdir would both claim, checkpoint and journal there and corrupt each other's state, so a
+second `flexmarl train` fails with one line naming the holder before it writes anything. The kernel releases
+an flock when its process dies, however it dies (kill -9 included), so a lock left by a dead run is simply
+taken over; the file's contents (pid, host, start time, command) only serve the messages.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import json
+import logging
+import os
+import socket
+import sys
+import time
+
+logger = logging.getLogger(__name__)
+
+LOCK_FILE = "run.lock"
+
+
+class WorkdirBusy(RuntimeError):
+    """Another live process holds the workdir; the message names it."""
+
+
+def _describe(holder: dict) -> str:
+    if not holder:
+        return "another process (no details recorded)"
+    started = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(holder.get("started", 0)))
+    return f"pid {holder.get('pid')} on {holder.get('host')} since {started} ({holder.get('command', '?')})"
+
+
+class WorkdirLock:
+    """`acquire()` takes the workdir or raises WorkdirBusy; `release()` (or process exit) gives it back."""
+
+    def __init__(self, workdir: str):
+        self.workdir = workdir
+        self.path = os.path.join(workdir, LOCK_FILE)
+        self._handle = None
+        self.previous_holder: dict | None = None  # what a dead run left in the file, when we took it over
+
+    def acquire(self) -> WorkdirLock:
+        """Creates the workdir if needed (the only thing written before the lock is held)."""
+        os.makedirs(self.workdir, exist_ok=True)
+        handle = open(self.path, "a+")  # noqa: SIM115 - held open for the life of the lock
+        try:
+            fcntl.flock(handle.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            holder = _read(handle)
+            handle.close()
+            raise WorkdirBusy(f"workdir {self.workdir} is in use by a live run: {_describe(holder)}; stop it "
+                              "or pass another --workdir") from None
+        previous = _read(handle)
+        if previous and previous.get("pid") != os.getpid():
+            self.previous_holder = previous
+            logger.info("took over the lock of workdir %s left by a run that is gone: %s", self.workdir,
+                        _describe(previous))
+        handle.seek(0)
+        handle.truncate()
+        handle.write(json.dumps({"pid": os.getpid(), "host": socket.gethostname(), "started": time.time(),
+                                 "command": " ".join(os.path.basename(arg) for arg in sys.argv[:2])}))
+        handle.flush()
+        self._handle = handle
+        return self
+
+    def release(self) -> None:
+        if self._handle is not None:
+            fcntl.flock(self._handle.fileno(), fcntl.LOCK_UN)
+            self._handle.close()
+            self._handle = None
+
+    def __enter__(self) -> WorkdirLock:
+        return self.acquire()
+
+    def __exit__(self, *exc_info) -> None:
+        self.release()
+
+
+def _read(handle) -> dict:
+    handle.seek(0)
+    text = handle.read()
+    try:
+        return json.loads(text) if text.strip() else {}
+    except json.JSONDecodeError:
+        return {}

@@ -1,0 +1,177 @@
+"""Stuck and crashed instances: a hung engine step blocks neither the instance's API nor the router's checks;
+an instance that makes no progress is taken out of routing and its requests are served by the agent's other
+instances, each request resolving exactly once; retries are bounded, then the request fails naming itself."""
+
+from __future__ import annotations
+
+import concurrent.futures
+import threading
+import time
+
+import pytest
+
+from flexmarl_jax.rollout.health import InstanceHealthMonitor
+from flexmarl_jax.rollout.instance import EngineInstance
+from flexmarl_jax.rollout.loop import RolloutRequest
+from flexmarl_jax.rollout.progress import StepProgress
+from flexmarl_jax.rollout.router import BROKEN, SERVING, RequestFailed, RequestRouter
+
+from .test_router import FakeClock, FakeInstance
+
+
+class SteppingFake(FakeInstance):
+    """A FakeInstance with a step counter; `tick()` is one engine step that finishes nothing."""
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.progress = StepProgress()
+
+    def tick(self) -> None:
+        self.progress.begin()
+        self.progress.end()
+
+
+def _returns_within(call, seconds: float):
+    """Runs `call` on a thread; (True, its result) if it returned within `seconds`, else (False, None)."""
+    box = []
+    thread = threading.Thread(target=lambda: box.append(call()), daemon=True)
+    thread.start()
+    thread.join(seconds)
+    return (not thread.is_alive(), box[0] if box else None)
+
+
+def test_an_instance_without_progress_is_taken_out_and_its_requests_move():
+    clock = FakeClock()
+    stuck, healthy = SteppingFake("s0", "solver", capacity=1), SteppingFake("s1", "solver", capacity=1)
+    router = RequestRouter({"solver": [stuck, healthy]}, max_retries=1, clock=clock)
+    delivered = []
+    futures = [router.submit("solver", RolloutRequest((k, 1), on_done=lambda r, k=k: delivered.append(k)),
+                             label=f"q{k}") for k in range(3)]
+    assert [len(f.held) for f in (stuck, healthy)] == [1, 1] and router.queue_length("solver") == 1
+    assert router.check_progress(stall_s=5.0) == []  # the clock starts when an instance is first seen busy
+    clock.now = 4.0
+    healthy.tick()
+    assert router.check_progress(stall_s=5.0) == []
+    clock.now = 6.0  # s0: no step for 6 s while holding q0; s1 stepped at 4 s
+    healthy.tick()
+    assert router.check_progress(stall_s=5.0) == ["s0"]
+    assert router.members()[0].state == BROKEN and router.members()[1].state == SERVING
+    assert router.check_progress(stall_s=5.0) == []  # taken out once
+    # q0 went back to the front of the queue: s1 serves q1, then q0, then q2.
+    order = []
+    while healthy.held:
+        order.append(healthy.held[0].prompt_ids[0])
+        healthy.complete(0)
+    assert order == [1, 0, 2]
+    stuck.complete(0)  # a late result from the stuck instance is ignored
+    assert sorted(delivered) == [0, 1, 2] and len(delivered) == 3  # each request resolved exactly once
+    assert all(f.done() and f.exception() is None for f in futures)
+    assert router.stats["stuck"] == 1 and router.stats["completed"] == 3 and stuck.submitted == 1
+
+
+def test_failover_retries_are_bounded_and_a_lone_agent_fails_loudly():
+    clock = FakeClock()
+    first, second = SteppingFake("s0", "solver", capacity=1), SteppingFake("s1", "solver", capacity=1)
+    router = RequestRouter({"solver": [first, second]}, max_retries=0, clock=clock)
+    future = router.submit("solver", RolloutRequest((0, 1)), label="query-3/solver")
+    queued = [router.submit("solver", RolloutRequest((k, 1)), label=f"q{k}") for k in (1, 2)]
+    router.check_progress(stall_s=1.0)
+    clock.now = 2.0
+    assert router.check_progress(stall_s=1.0) == ["s0", "s1"]
+    with pytest.raises(RequestFailed, match=r"'query-3/solver' failed after 1 attempt\(s\): instance s0 finished no "
+                                            r"engine step for 1 s"):
+        future.result(timeout=0)
+    # With no healthy instance left, the waiting request fails at once instead of waiting forever.
+    assert all(isinstance(f.exception(timeout=0), RequestFailed) for f in queued)
+    assert "no healthy instance left" in str(queued[-1].exception(timeout=0))
+    assert router.pending() == 0
+
+
+@pytest.mark.timeout(120)
+def test_a_hung_step_blocks_neither_the_instance_nor_the_router_and_its_requests_fail_over(engine, tiny_model):
+    hung, healthy = EngineInstance(engine, tiny_model.params, name="hung"), \
+        EngineInstance(engine, tiny_model.params, name="healthy")
+    release = threading.Event()
+    real_step = hung._loop.step
+
+    def hanging_step():
+        release.wait()  # a device call that never returns (until the test ends)
+        real_step()
+
+    hung._loop.step = hanging_step
+    router = RequestRouter({"solver": [hung, healthy]}, timeout_s=1.0, max_retries=2)
+    prompt = tuple(tiny_model.tokenizer.encode("7*6="))
+    first = router.submit("solver", RolloutRequest(prompt, num_samples=2, max_new_tokens=4), label="q0")
+    assert hung.load().queued_requests == 1  # least loaded first: q0 is on the hung instance
+    hung.start()
+    healthy.start()
+    try:
+        deadline = time.monotonic() + 30
+        while hung.progress.step_started_at is None:  # its first step has begun, and hangs
+            assert time.monotonic() < deadline
+            time.sleep(0.01)
+        # The instance's own API answers while its step hangs (before: each waited for the step's lock).
+        assert _returns_within(hung.load, 1.0)[0]
+        assert _returns_within(lambda: hung.cancel(RolloutRequest(prompt)), 2.0) == (True, False)
+        # q0's timeout passes: the check that cancels it returns (a cancel waits at most cancel_wait_s), and
+        # q0 is served by the healthy instance.
+        time.sleep(1.1)
+        assert _returns_within(router.check_timeouts, 5.0) == (True, 1)
+        assert len(first.result(timeout=60)) == 2
+        # Stuck-instance detection reads the step counter, not the lock: a request routed to the hung instance
+        # (a fresh router: both instances idle in its eyes) moves to the healthy one.
+        fresh = RequestRouter({"solver": [hung, healthy]}, max_retries=1)
+        monitor = InstanceHealthMonitor(fresh, stall_s=0.5, poll_s=0.1)
+        second = fresh.submit("solver", RolloutRequest(prompt, max_new_tokens=4), label="q1")
+        assert fresh.inflight("hung") == 1
+        started = time.monotonic()
+        returned, _ = _returns_within(lambda: monitor.start() and second.result(timeout=60), 70)
+        monitor.stop()
+        assert returned and len(second.result(timeout=0)) == 1
+        assert monitor.taken_out == ["hung"] and time.monotonic() - started < 30
+        assert healthy.generated_tokens > 0 and hung.generated_tokens == 0 and hung.progress.steps == 0
+    finally:
+        release.set()
+        hung.stop(timeout=10)
+        healthy.stop(timeout=10)
+
+
+@pytest.fixture
+def _disarmed():
+    from flexmarl_jax import faults
+
+    faults.disarm()
+    yield faults
+    faults.disarm()
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("fault", ["instance_crash", "instance_hang", "instance_slow"])
+def test_injected_instance_faults_fail_over_or_slow_down(engine, tiny_model, _disarmed, fault):
+    """The instance fault points: a crash or a hang on `bad` moves its requests to `good`; a slow `bad` keeps
+    stepping, so it is not taken out, and still serves its share."""
+    faults = _disarmed
+    bad, good = EngineInstance(engine, tiny_model.params, name="bad"), EngineInstance(engine, tiny_model.params,
+                                                                                      name="good")
+    router = RequestRouter({"solver": [bad, good]}, max_retries=1)
+    monitor = InstanceHealthMonitor(router, stall_s=1.0, poll_s=0.1)
+    faults.arm(fault, where="bad", times=0 if fault == "instance_slow" else 1)
+    prompt = tuple(tiny_model.tokenizer.encode("1+2="))
+    for instance in (bad, good):
+        instance.start()
+    monitor.start()
+    try:
+        futures = [router.submit("solver", RolloutRequest(prompt, max_new_tokens=4), label=f"q{k}") for k in range(4)]
+        done, _ = concurrent.futures.wait(futures, timeout=60)
+        assert len(done) == 4 and all(len(f.result()) == 1 for f in futures)
+        assert faults.fired(fault) >= 1
+        if fault == "instance_slow":
+            assert bad.generated_tokens > 0 and router.stats["stuck"] == 0 and router.stats["retries"] == 0
+        else:
+            assert router.members()[0].state == BROKEN and router.stats["retries"] >= 1
+            assert bad.generated_tokens == 0 and good.generated_tokens > 0
+    finally:
+        monitor.stop()
+        faults.disarm()
+        for instance in (bad, good):
+            instance.stop(timeout=10)
