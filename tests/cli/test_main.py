@@ -83,7 +83,7 @@ def test_flags_are_parsed_from_the_given_argv_space_separated_too():
     assert parse_train_flags(["--gantt-iterations", "0"]).gantt_iterations == 0
 
 
-def test_gantt_iterations_reach_the_run(monkeypatch):
+def test_gantt_iterations_reach_the_run(monkeypatch, tmp_path):
     """`flexmarl train --gantt-iterations=K` hands K to `run_training` (which passes it to `plot_all`)."""
     import types
 
@@ -94,9 +94,11 @@ def test_gantt_iterations_reach_the_run(monkeypatch):
     fake_run.run_training = lambda config, **kwargs: calls.append(kwargs) or 0
     monkeypatch.setitem(sys.modules, "flexmarl_jax.orchestrator.run", fake_run)
     monkeypatch.setattr(cli, "_prepare_devices", lambda count: count)
-    assert main(["train", "--gantt-iterations=7"]) == 0
-    assert main(["train"]) == 0
-    assert calls == [{"gantt_iterations": 7}, {"gantt_iterations": None}]
+    workdir = f"--workdir={tmp_path}"  # the CLI locks the workdir before it calls the run
+    assert main(["train", workdir, "--gantt-iterations=7"]) == 0
+    assert main(["train", workdir]) == 0
+    assert calls == [{"workdir_locked": True, "gantt_iterations": 7},
+                     {"workdir_locked": True, "gantt_iterations": None}]
 
 
 def test_train_help_lists_every_field_without_jax():
