@@ -71,6 +71,8 @@ def build_orchestrator(config: RunConfig, *, timeline: metrics.Timeline | None =
     checked: what `preflight(config)` returned (it is run here when not given).
     """
     checked = preflight(config) if checked is None else checked
+    if config.pipeline.emulate:
+        return _build_emulated(config, checked, timeline)
     agents = team_agents(config.workflow)
     train_slices = config.mesh.train_slices
     if train_slices and config.pipeline.mode == "serial":
@@ -107,6 +109,27 @@ def build_orchestrator(config: RunConfig, *, timeline: metrics.Timeline | None =
         on_update_applied=lambda iteration, record, trained: _checkpoint(
             trainers, config.workdir, RunJournal(config.workdir), record, trained))
     return BuiltRun(orchestrator, runtimes, store, rollout, start)
+
+
+def _build_emulated(config: RunConfig, checked: Preflight, timeline: metrics.Timeline | None) -> BuiltRun:
+    """`pipeline.emulate`: the real orchestrator, store, router, balancer and dispatchers over emulated
+    trainers, engines and weight sync (orchestrator/emulated_setup.py). No weights exist, so nothing is
+    restored, warmed up or checkpointed: an emulated run always starts at iteration 0."""
+    from flexmarl_jax.orchestrator import emulated_setup as emulated
+
+    emulation = emulated.Emulation.from_config(config)
+    timeline = metrics.Timeline() if timeline is None else timeline
+    runtimes = emulated.build_emulated_runtimes(config, emulation, checked.sources, clock=timeline.now)
+    store = ExperienceStore.open(config.workdir, agents=team_agents(config.workflow), backend=config.store.backend)
+    runtimes, rollout = emulated.start_emulated_engines(config, emulation, runtimes, timeline)
+    training = emulated.pool_emulated_training(runtimes, clock=timeline.now)
+    loss = loss_config_for(config.train.algorithm)
+    sync_weights = emulated.EmulatedWeightSync(emulation, rollout.sync_weights)
+    orchestrator = JointOrchestrator(
+        pipeline_settings(config), agents=runtimes, training=training, store=store, workflow=checked.workflow,
+        task=checked.task, backend=rollout.backend, sync_weights=sync_weights,
+        aggregation=loss.aggregation, estimator=loss.advantage_estimator, timeline=timeline)
+    return BuiltRun(orchestrator, runtimes, store, rollout, 0)
 
 
 def _restore_or_warm_up(config: RunConfig, runtimes: Mapping[str, AgentRuntime], common: int | None,
