@@ -128,6 +128,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--presets", default="MA", help=f"comma-separated subset of {list(PRESETS)}")
     parser.add_argument("--modes", default=None, help="comma-separated modes (default: all of Preset.modes)")
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--emulate", default=None, metavar="CHIP:MODEL",
+                        help="the chip and model every preset runs on (default: each preset's own)")
     parser.add_argument("--set", action="append", default=[], metavar="FIELD=VALUE",
                         help="change a preset field for this run, e.g. --set max_response=1024 (repeatable; the "
                         "JSON records the sizes that ran)")
@@ -144,6 +146,14 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                          f"{', '.join(sorted(set(fields) - {'name', 'proposer_calls'}))}")
         kind = {"int": int, "float": float, "str": str}[str(fields[key])]
         args.changes[key] = kind(value)
+    if args.emulate is not None:
+        from flexmarl_jax.emulation.spec import parse_emulate
+
+        try:
+            parse_emulate(args.emulate)
+        except ValueError as error:
+            parser.error(f"--emulate: {error}")
+        args.changes["emulate"] = args.emulate
     return args
 
 

@@ -46,3 +46,7 @@ def test_bad_preset_changes_are_refused(capsys):
     assert "expected FIELD=VALUE" in capsys.readouterr().err
     with pytest.raises(SystemExit):
         emulate.parse_args(["--presets", "XX"])
+    with pytest.raises(SystemExit):
+        emulate.parse_args(["--emulate", "tpu9:qwen2.5-14b"])
+    assert "unknown chip 'tpu9'; choices: h100, h200, v5e, v5p, v6e" in capsys.readouterr().err
+    assert emulate.parse_args(["--emulate", "h200:qwen2.5-32b"]).changes == {"emulate": "h200:qwen2.5-32b"}
