@@ -114,7 +114,8 @@ def build_orchestrator(config: RunConfig, *, timeline: metrics.Timeline | None =
 def _build_emulated(config: RunConfig, checked: Preflight, timeline: metrics.Timeline | None) -> BuiltRun:
     """`pipeline.emulate`: the real orchestrator, store, router, balancer and dispatchers over emulated
     trainers, engines and weight sync (orchestrator/emulated_setup.py). No weights exist, so nothing is
-    restored, warmed up or checkpointed: an emulated run always starts at iteration 0."""
+    restored, warmed up or checkpointed (the journal still keeps each iteration's record): an emulated run
+    always starts at iteration 0."""
     from flexmarl_jax.orchestrator import emulated_setup as emulated
 
     emulation = emulated.Emulation.from_config(config)
@@ -128,7 +129,10 @@ def _build_emulated(config: RunConfig, checked: Preflight, timeline: metrics.Tim
     orchestrator = JointOrchestrator(
         pipeline_settings(config), agents=runtimes, training=training, store=store, workflow=checked.workflow,
         task=checked.task, backend=rollout.backend, sync_weights=sync_weights,
-        aggregation=loss.aggregation, estimator=loss.advantage_estimator, timeline=timeline)
+        aggregation=loss.aggregation, estimator=loss.advantage_estimator, timeline=timeline,
+        # The journal's record keeping as after a checkpoint (run_training expects it), with no weights to save.
+        on_update_applied=lambda iteration, record, trained: RunJournal(config.workdir).before_checkpoint(
+            metrics.to_jsonable(record), trained))
     return BuiltRun(orchestrator, runtimes, store, rollout, 0)
 
 

@@ -134,3 +134,17 @@ def test_bad_emulation_settings_are_one_line_errors_naming_the_value(field, valu
         RunConfig(pipeline=PipelineConfig(**{field: value}))
     message = str(error.value)
     assert "\n" not in message and f"pipeline.{field}={value!r}" in message and says in message
+
+
+@pytest.mark.timeout(180)
+def test_flexmarl_train_runs_an_emulated_config_to_the_end(tmp_path):
+    import json
+
+    from flexmarl_jax.orchestrator.run import run_training
+
+    config = emulated_config(tmp_path)
+    assert run_training(dataclasses.replace(config, eval=dataclasses.replace(config.eval, enabled=False))) == 0
+    with open(tmp_path / "metrics.jsonl") as handle:
+        records = [json.loads(line) for line in handle]
+    assert [r["policy_version"]["solver"] for r in records] == [1, 2]
+    assert (tmp_path / "plots" / "gantt.png").is_file()
