@@ -119,6 +119,7 @@ def _build_emulated(config: RunConfig, checked: Preflight, timeline: metrics.Tim
     from flexmarl_jax.orchestrator import emulated_setup as emulated
 
     emulation = emulated.Emulation.from_config(config)
+    os.makedirs(config.workdir, exist_ok=True)  # the journal's files (below) live there
     timeline = metrics.Timeline() if timeline is None else timeline
     runtimes = emulated.build_emulated_runtimes(config, emulation, checked.sources, clock=timeline.now)
     store = ExperienceStore.open(config.workdir, agents=team_agents(config.workflow), backend=config.store.backend)
