@@ -144,6 +144,19 @@ def base_config() -> ml_collections.ConfigDict:
     # Train after each rollout with micro-batches cut in group-id order: two runs with one seed end with
     # bit-identical parameters. Needs train.max_staleness=0; False keeps training overlapped with rollout.
     config.pipeline.deterministic = False
+    # Emulated devices (flexmarl_jax/emulation/): "CHIP:MODEL", e.g. "v5p:qwen2.5-14b" (chips: v5e v5p v6e h100
+    # h200; a model preset or an HF config.json). The control plane runs for real; every engine step, training
+    # micro-batch, apply and weight sync takes the cost model's time on that chip, and tokens are scripted
+    # (no model runs, so a 14B team fits on this host). Chips per engine instance: mesh.rollout_devices_per_instance;
+    # per training mesh: mesh.train_devices_per_agent. "" = off: real models on real devices.
+    config.pipeline.emulate = ""
+    config.pipeline.emulate_compression = 1.0  # emulated device seconds per wall second (>= 1; 1 = real time)
+    config.pipeline.emulate_mfu = 0.4  # share of the chips' peak FLOP/s an emulated training step reaches, in (0, 1]
+    # Scripted response tokens: long-tailed (log-normal) around this median, capped at rollout.max_response_length;
+    # 0 = every response is rollout.max_response_length tokens
+    config.pipeline.emulate_median_response = 0
+    # Link a weight sync crosses, one per chip in parallel: dcn100 | pcie4 | pcie5 | interconnect (the chip's own)
+    config.pipeline.emulate_sync_link = "dcn100"
 
     # Hangs and stops (docs/architecture.md, "Failures"). When no iteration, micro-batch or decode step made progress
     # for stall_timeout_s (> 0), the run writes every thread's stack to the log, marks its journal (stops.jsonl)

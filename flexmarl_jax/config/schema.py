@@ -96,6 +96,28 @@ def _checkpoint_problem(path: str, stamp: tuple) -> str | None:
     return None
 
 
+def _emulate_rule(text: str) -> str | None:
+    """Empty (off) or CHIP:MODEL that `emulation.parse_emulate` accepts; its error names the choices."""
+    if text == "":
+        return None
+    from flexmarl_jax.emulation.spec import parse_emulate
+
+    try:
+        parse_emulate(text)
+    except ValueError as error:
+        return f"is not usable: {error}"
+    return None
+
+
+def _emulate_link_rule(name: str) -> str | None:
+    """A link of `emulation.chips.LINKS` or "interconnect" (the emulated chip's own ICI / NVLink)."""
+    from flexmarl_jax.emulation.chips import LINKS
+
+    if name == "interconnect" or name in LINKS:
+        return None
+    return f"is not a link; choose one of: interconnect, {', '.join(sorted(LINKS))}"
+
+
 def _param_dtypes() -> tuple[str, ...]:
     from flexmarl_jax.models.dtypes import PARAM_DTYPES
 
@@ -288,6 +310,20 @@ class PipelineConfig(Section):
     deterministic: bool = setting(False, help="train after each rollout, cutting micro-batches in group-id order, "
                                   "so two runs with one seed end with bit-identical parameters (no overlap of "
                                   "training with rollout)")
+    emulate: str = setting("", rule=_emulate_rule,
+                           help="CHIP:MODEL (e.g. v5p:qwen2.5-14b): emulated devices; every engine step, training "
+                           "micro-batch, apply and weight sync takes the cost model's time (emulation/); \"\" = off")
+    emulate_compression: float = setting(1.0, rule=lambda c: None if c >= 1 else "must be >= 1 (device seconds "
+                                         "per wall second; 1 = real time)",
+                                         help="emulate: device seconds per wall second")
+    emulate_mfu: float = setting(0.4, rule=lambda m: None if 0 < m <= 1 else "is outside (0, 1]; the share of "
+                                 "peak FLOP/s a training step reaches, e.g. 0.4",
+                                 help="emulate: model-FLOPs utilisation of an emulated training step")
+    emulate_median_response: int = setting(0, rule=at_least_zero,
+                                           help="emulate: median scripted response tokens, long-tailed up to "
+                                           "rollout.max_response_length; 0 = every response that long")
+    emulate_sync_link: str = setting("dcn100", rule=_emulate_link_rule,
+                                     help="emulate: the link a weight sync crosses (one per chip, in parallel)")
 
 
 STOP_MODES = ("finish", "abandon")  # what SIGTERM/SIGINT do with the running iteration
@@ -369,6 +405,9 @@ class RunConfig(Section):
             raise ConfigError(f"config.rollout.instance_stall_s={self.rollout.instance_stall_s:g} must be below "
                               f"run.stall_timeout_s={self.run.stall_timeout_s:g}: a stuck instance must be taken out "
                               "of routing before the whole run counts as stalled")
+        if self.pipeline.emulate_median_response > self.rollout.max_response_length:
+            raise ConfigError(f"config.pipeline.emulate_median_response={self.pipeline.emulate_median_response} "
+                              f"exceeds rollout.max_response_length={self.rollout.max_response_length}")
         if not 0 <= self.mesh.train_slices <= len(self.agents):
             raise ConfigError(f"config.mesh.train_slices={self.mesh.train_slices} must be in 0..{len(self.agents)} "
                               "(the number of agents; 0 = a dedicated training slice per agent)")

@@ -4,6 +4,9 @@ device time that follows a cost model of real models on real chips.
 `chips` (published chip peaks, cited), `model_shapes` (a preset or HF config -> `ModelConfig`), `cost_model`
 (device seconds of prefill, decode, training, optimizer, collectives, transfers), `timescale` (compressed
 wall time and the host-overhead bound), `spec` (`CHIP:MODEL`). Pure Python: importing it starts no JAX.
+Under the Engine API and the trainer's interface (these import JAX, so they are imported by module):
+`engine` (EmulatedEngine), `trainer` (EmulatedTrainer), `training_pool` (shared slices), `scripts` (response
+lengths); `orchestrator/emulated_setup.py` builds them for `pipeline.emulate`.
 """
 
 from flexmarl_jax.emulation.chips import CHIPS, LINKS, Chip, Link, get_chip, get_link

@@ -58,6 +58,11 @@ def preflight(config: RunConfig) -> Preflight:
         raise ConfigError(f"config.workflow.warmup_steps={config.workflow.warmup_steps}: the warm-up teaches "
                           "character-level presets an answer format; chat prompts go to chat checkpoints, which "
                           "have one (set workflow.warmup_steps=0)")
+    if config.pipeline.emulate:
+        # Emulated devices run no model: the emulated model's context is the limit, and nothing is allocated.
+        check_emulated_context_length(config)
+        check_first_turn_prompts(config, workflow, task, sources)
+        return Preflight(sources, workflow, task)
     check_context_length(config, sources)
     check_first_turn_prompts(config, workflow, task, sources)
     check_team_fits(config, {agent: source.model_config for agent, source in sources.items()})
@@ -85,6 +90,18 @@ def check_context_length(config: RunConfig, sources: Mapping[str, ModelSource]) 
         if needed > limit:
             raise ConfigError(f"config.rollout.max_prompt_length + max_response_length = {needed} tokens exceeds "
                               f"agent {agent!r}'s model context of {limit} (max_position_embeddings of {source.name})")
+
+
+def check_emulated_context_length(config: RunConfig) -> None:
+    """A prompt plus its response must fit the emulated model's positions (`pipeline.emulate`'s MODEL)."""
+    from flexmarl_jax.emulation.spec import parse_emulate
+
+    needed = config.rollout.max_prompt_length + config.rollout.max_response_length
+    device = parse_emulate(config.pipeline.emulate)
+    if needed > device.model.max_position_embeddings:
+        raise ConfigError(f"config.rollout.max_prompt_length + max_response_length = {needed} tokens exceeds the "
+                          f"emulated model's context of {device.model.max_position_embeddings} "
+                          f"(pipeline.emulate={config.pipeline.emulate!r})")
 
 
 def check_first_turn_prompts(config: RunConfig, workflow: Workflow, task: Task,

@@ -118,13 +118,20 @@ def start_engines(config: RunConfig, runtimes: Mapping[str, AgentRuntime], timel
         started[agent] = dataclasses.replace(
             runtime, instances=tuple(instances),
             rollout_shardings=param_shardings(trainer.params, devices.rollout_mesh(0)))
+    weights = {agent: (runtime.trainer.params, runtime.trainer.policy_version) for agent, runtime in started.items()}
+    return started, backend_for(config, started, timeline, weights)
+
+
+def backend_for(config: RunConfig, started: Mapping[str, AgentRuntime], timeline: Timeline,
+                weights: dict[str, tuple[Any, int]]) -> RolloutHandle:
+    """The team's backend over the runtimes' instances: the router in every mode (failover), plus the balancer
+    with `pipeline.balancing` in the flexmarl mode. `weights`: agent -> (params, version) its instances serve now."""
     instances = {agent: list(runtime.instances) for agent, runtime in started.items()}
     every_instance = tuple(instance for runtime in started.values() for instance in runtime.instances)
     tokenizers = {agent: runtime.tokenizer for agent, runtime in started.items()}
-    weights = {agent: (runtime.trainer.params, runtime.trainer.policy_version) for agent, runtime in started.items()}
     backend, balancer = build_routed_backend(config, instances, tokenizers, timeline, weights)
-    return started, RolloutHandle(backend=backend, sync_weights=backend.update_params, instances=every_instance,
-                                  balancer=balancer)
+    return RolloutHandle(backend=backend, sync_weights=backend.update_params, instances=every_instance,
+                         balancer=balancer)
 
 
 def balancing_settings(config: RunConfig) -> dict[str, Any]:

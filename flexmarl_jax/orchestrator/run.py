@@ -88,6 +88,8 @@ def build_orchestrator(config: RunConfig, *, timeline: metrics.Timeline | None =
     beacon: the run's progress beacon; every engine instance's decode steps count as progress on it.
     """
     checked = preflight(config) if checked is None else checked
+    if config.pipeline.emulate:
+        return _build_emulated(config, checked, timeline)
     agents = team_agents(config.workflow)
     train_slices = config.mesh.train_slices
     if train_slices and config.pipeline.mode == "serial":
@@ -127,6 +129,32 @@ def build_orchestrator(config: RunConfig, *, timeline: metrics.Timeline | None =
         on_update_applied=lambda iteration, record, trained: _checkpoint(
             trainers, config.workdir, RunJournal(config.workdir), record, trained))
     return BuiltRun(orchestrator, runtimes, store, rollout, start)
+
+
+def _build_emulated(config: RunConfig, checked: Preflight, timeline: metrics.Timeline | None) -> BuiltRun:
+    """`pipeline.emulate`: the real orchestrator, store, router, balancer and dispatchers over emulated
+    trainers, engines and weight sync (orchestrator/emulated_setup.py). No weights exist, so nothing is
+    restored, warmed up or checkpointed (the journal still keeps each iteration's record): an emulated run
+    always starts at iteration 0."""
+    from flexmarl_jax.orchestrator import emulated_setup as emulated
+
+    emulation = emulated.Emulation.from_config(config)
+    os.makedirs(config.workdir, exist_ok=True)  # the journal's files (below) live there
+    timeline = metrics.Timeline() if timeline is None else timeline
+    runtimes = emulated.build_emulated_runtimes(config, emulation, checked.sources, clock=timeline.now)
+    store = ExperienceStore.open(config.workdir, agents=team_agents(config.workflow), backend=config.store.backend)
+    runtimes, rollout = emulated.start_emulated_engines(config, emulation, runtimes, timeline)
+    training = emulated.pool_emulated_training(runtimes, clock=timeline.now)
+    loss = loss_config_for(config.train.algorithm)
+    sync_weights = emulated.EmulatedWeightSync(emulation, rollout.sync_weights)
+    orchestrator = JointOrchestrator(
+        pipeline_settings(config), agents=runtimes, training=training, store=store, workflow=checked.workflow,
+        task=checked.task, backend=rollout.backend, sync_weights=sync_weights,
+        aggregation=loss.aggregation, estimator=loss.advantage_estimator, timeline=timeline,
+        # The journal's record keeping as after a checkpoint (run_training expects it), with no weights to save.
+        on_update_applied=lambda iteration, record, trained: RunJournal(config.workdir).before_checkpoint(
+            metrics.to_jsonable(record), trained))
+    return BuiltRun(orchestrator, runtimes, store, rollout, 0)
 
 
 def _restore_or_warm_up(config: RunConfig, runtimes: Mapping[str, AgentRuntime], common: int | None,

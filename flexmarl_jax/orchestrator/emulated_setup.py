@@ -1,0 +1,132 @@
+"""The parts of an emulated run (`pipeline.emulate = "CHIP:MODEL"`): what `run.build_orchestrator` builds
+instead of trainers, engines and weight sync on real devices. The control plane above them is the real one.
+
+* trainers: one `EmulatedTrainer` per agent on `mesh.train_devices_per_agent` emulated chips at
+  `pipeline.emulate_mfu`; with `mesh.train_slices` > 0 they lease `EmulatedSharedTraining` slices;
+* engines: `rollout.instances_per_agent` `TimedInstance`s per agent over `EmulatedEngine`s of
+  `mesh.rollout_devices_per_instance` chips each, scripted lengths (`rollout.max_response_length` each, or
+  long-tailed around `pipeline.emulate_median_response`), behind the real router / balancer or least-loaded
+  backend (`rollout_setup.backend_for`);
+* weight sync: `EmulatedWeightSync`: the model's bytes over `pipeline.emulate_sync_link` (one link per
+  training chip), then the placeholder weights go to the instances as real weights would.
+Every emulated duration is divided by `pipeline.emulate_compression`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+from collections.abc import Callable, Mapping
+from typing import Any
+
+from flexmarl_jax.config import RunConfig
+from flexmarl_jax.emulation.chips import get_link
+from flexmarl_jax.emulation.cost_model import CostModel
+from flexmarl_jax.emulation.engine import DeviceQueue, EmulatedEngine, ScriptedTokens, fixed_length, placeholder_params
+from flexmarl_jax.emulation.scripts import long_tailed
+from flexmarl_jax.emulation.spec import EmulatedDevice, parse_emulate
+from flexmarl_jax.emulation.timescale import TimeScale
+from flexmarl_jax.emulation.trainer import EmulatedTrainer
+from flexmarl_jax.emulation.training_pool import EmulatedSharedTraining
+from flexmarl_jax.metrics import Timeline
+from flexmarl_jax.models.sources import ModelSource
+from flexmarl_jax.orchestrator.agents import AgentRuntime, agent_trainer_config, sampling_for
+from flexmarl_jax.orchestrator.rollout_setup import RolloutHandle, TimedInstance, backend_for, engine_config_for
+from flexmarl_jax.orchestrator.shared_training import DedicatedTraining
+from flexmarl_jax.workflows.from_config import team_agents
+
+
+@dataclasses.dataclass(frozen=True)
+class Emulation:
+    """An emulated run's devices: the chip and model, the clock's compression, the cost models."""
+
+    device: EmulatedDevice
+    timescale: TimeScale
+    rollout: CostModel  # one engine instance's replica
+    train: CostModel  # one agent's training mesh (or one shared slice)
+    sync_link_name: str
+
+    @classmethod
+    def from_config(cls, config: RunConfig) -> Emulation:
+        pipeline, mesh = config.pipeline, config.mesh
+        device = parse_emulate(pipeline.emulate)
+        return cls(device=device, timescale=TimeScale(pipeline.emulate_compression),
+                   rollout=CostModel(device.model, device.chip, chips=mesh.rollout_devices_per_instance),
+                   train=CostModel(device.model, device.chip, chips=mesh.train_devices_per_agent,
+                                   mfu=pipeline.emulate_mfu),
+                   sync_link_name=pipeline.emulate_sync_link)
+
+    def weight_sync_s(self) -> float:
+        """Device seconds of one agent's weight sync: each training chip sends its shard over its own link."""
+        name = self.device.chip.interconnect if self.sync_link_name == "interconnect" else self.sync_link_name
+        return self.train.weight_sync_s(get_link(name, self.device.chip))
+
+
+def script_for(config: RunConfig, tokenizer: Any) -> ScriptedTokens:
+    """The scripted responses of a run: filler tokens then EOS, lengths per `pipeline.emulate_median_response`."""
+    cap, median = config.rollout.max_response_length, config.pipeline.emulate_median_response
+    length = fixed_length(cap) if median == 0 else long_tailed(median, cap)
+    filler = tokenizer.encode("a", add_bos=False)[-1]
+    return ScriptedTokens(eos_id=tokenizer.eos_id, filler_id=filler, length=length)
+
+
+def build_emulated_runtimes(config: RunConfig, emulation: Emulation, sources: Mapping[str, ModelSource], *,
+                            clock: Callable[[], float] = time.perf_counter) -> dict[str, AgentRuntime]:
+    """agent -> its runtime with an `EmulatedTrainer` (no devices: `devices` is None); with `mesh.train_slices`
+    the trainers lease slices of one `EmulatedSharedTraining.make_pool`, whose pool `shared_pool_of` finds."""
+    slices = (EmulatedSharedTraining.make_pool(config.mesh.train_slices, clock=clock)
+              if config.mesh.train_slices else None)
+    runtimes = {}
+    for agent in team_agents(config.workflow):
+        trainer = EmulatedTrainer(agent, emulation.train, agent_trainer_config(config, agent),
+                                  timescale=emulation.timescale, slices=slices)
+        source = sources[agent]
+        runtimes[agent] = AgentRuntime(name=agent, model_config=emulation.device.model, tokenizer=source.tokenizer,
+                                       sampling=sampling_for(config, agent), devices=None, trainer=trainer)
+    return runtimes
+
+
+def start_emulated_engines(config: RunConfig, emulation: Emulation, runtimes: Mapping[str, AgentRuntime],
+                           timeline: Timeline) -> tuple[dict[str, AgentRuntime], RolloutHandle]:
+    """`rollout.instances_per_agent` emulated instances per agent, and the backend over all of them."""
+    started, number = {}, 0
+    for agent, runtime in runtimes.items():
+        engine_config = engine_config_for(config, agent)
+        script = script_for(config, runtime.tokenizer)
+        instances = []
+        for _ in range(config.rollout.instances_per_agent):
+            engine = EmulatedEngine(emulation.rollout, engine_config, runtime.tokenizer, script,
+                                    timescale=emulation.timescale)
+            instance = TimedInstance(engine, placeholder_params(), policy_version=runtime.trainer.policy_version,
+                                     name=f"instance{number}")
+            instances.append(instance.attach(timeline, agent))
+            number += 1
+        started[agent] = dataclasses.replace(runtime, instances=tuple(instances))
+    weights = {agent: (runtime.trainer.params, runtime.trainer.policy_version) for agent, runtime in started.items()}
+    return started, backend_for(config, started, timeline, weights)
+
+
+def pool_emulated_training(runtimes: Mapping[str, AgentRuntime], *, clock: Callable[[], float]):
+    """The orchestrator's `TrainingPool` over the emulated trainers: shared slices when they lease some."""
+    trainers = {agent: runtime.trainer for agent, runtime in runtimes.items()}
+    pools = {id(trainer.slices): trainer.slices for trainer in trainers.values() if trainer.slices is not None}
+    if pools:
+        (pool,) = pools.values()
+        return EmulatedSharedTraining(trainers, pool)
+    return DedicatedTraining(trainers, clock=clock)
+
+
+class EmulatedWeightSync:
+    """A `sync_weights(agent, params, version)` that takes the cost model's sync time on the agent's own
+    transfer queue, then hands the (placeholder) params to the rollout side."""
+
+    def __init__(self, emulation: Emulation, push: Callable[[str, Any, int], None]):
+        self.emulation, self.push = emulation, push
+        self.synced: dict[str, int] = {}
+        self._queues: dict[str, DeviceQueue] = {}
+
+    def __call__(self, agent: str, params: Any, version: int) -> None:
+        queue = self._queues.setdefault(agent, DeviceQueue(self.emulation.timescale))
+        queue.wait_until(queue.enqueue(self.emulation.weight_sync_s()))
+        self.synced[agent] = int(version)
+        self.push(agent, params, version)
