@@ -39,10 +39,13 @@ class WorkdirLock:
         self.workdir = workdir
         self.path = os.path.join(workdir, LOCK_FILE)
         self._handle = None
+        self._created: list[str] = []  # directories acquire() made, outermost first
         self.previous_holder: dict | None = None  # what a dead run left in the file, when we took it over
 
     def acquire(self) -> WorkdirLock:
-        """Creates the workdir if needed (the only thing written before the lock is held)."""
+        """Creates the workdir if needed (the only thing written before the lock is held; `release` removes it
+        again when the run wrote nothing else)."""
+        self._created = _missing_directories(self.workdir)
         os.makedirs(self.workdir, exist_ok=True)
         handle = open(self.path, "a+")  # noqa: SIM115 - held open for the life of the lock
         try:
@@ -67,15 +70,43 @@ class WorkdirLock:
 
     def release(self) -> None:
         if self._handle is not None:
+            self._remove_if_untouched()
             fcntl.flock(self._handle.fileno(), fcntl.LOCK_UN)
             self._handle.close()
             self._handle = None
+
+    def _remove_if_untouched(self) -> None:
+        """A run stopped before it wrote anything (a preflight error: a prompt too long, too little memory)
+        leaves no workdir behind: the lock file and the directories `acquire` made go again."""
+        if not self._created:
+            return
+        try:
+            if os.listdir(self.workdir) != [LOCK_FILE]:
+                return
+            os.remove(self.path)
+            for directory in reversed(self._created):
+                os.rmdir(directory)
+        except OSError:  # something else appeared meanwhile: keep what is there
+            pass
 
     def __enter__(self) -> WorkdirLock:
         return self.acquire()
 
     def __exit__(self, *exc_info) -> None:
         self.release()
+
+
+def _missing_directories(path: str) -> list[str]:
+    """The directories on the way to `path` (itself included) that do not exist yet, outermost first."""
+    missing = []
+    path = os.path.abspath(path)
+    while not os.path.exists(path):
+        missing.append(path)
+        parent = os.path.dirname(path)
+        if parent == path:
+            break
+        path = parent
+    return missing[::-1]
 
 
 def _read(handle) -> dict:

@@ -59,3 +59,20 @@ def test_a_second_flexmarl_train_fails_in_one_line_before_writing_anything(tmp_p
     finally:
         holder.send_signal(signal.SIGKILL)
         holder.wait()
+
+
+def test_a_run_that_wrote_nothing_leaves_no_workdir_behind(tmp_path):
+    """A preflight error stops a run after it took the lock: the lock file and the directories the lock made go
+    again, so 'nothing is written' holds for bad input; a workdir the run wrote into, or that existed, stays."""
+    fresh = tmp_path / "runs" / "new"
+    with WorkdirLock(str(fresh)):
+        assert (fresh / LOCK_FILE).is_file()
+    assert not (tmp_path / "runs").exists()
+    with WorkdirLock(str(fresh)):
+        (fresh / "metrics.jsonl").write_text("{}\n")
+    assert sorted(p.name for p in fresh.iterdir()) == ["metrics.jsonl", LOCK_FILE]
+    existing = tmp_path / "existing"
+    existing.mkdir()
+    with WorkdirLock(str(existing)):
+        pass
+    assert existing.is_dir()
