@@ -14,7 +14,9 @@ import pytest
 
 from flexmarl_jax import faults
 
-ITERATIONS = 4
+# Enough iterations that the SIGTERM below lands before the last one wherever the failed commit left the run
+# (with 4, a commit failing in iteration 2 left SIGTERM to land in the last iteration, which then just finished).
+ITERATIONS = 6
 ARGS = ["--config=configs/tiny.py:smoke", "--config.store.backend=file", f"--config.iterations={ITERATIONS}",
         "--config.eval.enabled=false", "--config.pipeline.debug_invariants=true"]
 
