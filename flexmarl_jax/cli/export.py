@@ -60,16 +60,8 @@ def export_agent(workdir: str, agent: str, out: str, *, policy_version: int | No
     agent, a version that was not saved, a model source that no longer matches the checkpoint, or a non-empty
     ``out`` without ``force``.
     """
-    from flexmarl_jax.train.checkpoint import CHECKPOINT_DIR, checkpoint_versions
-
     source = _agent_source(workdir, agent)
-    checkpoints = os.path.join(workdir, CHECKPOINT_DIR, agent)
-    versions = checkpoint_versions(checkpoints)
-    if not versions:
-        raise ExportError(f"no checkpoints of agent {agent!r} under {checkpoints}")
-    if policy_version is not None and policy_version not in versions:
-        raise ExportError(f"agent {agent!r} has no checkpoint at --version {policy_version} under {checkpoints}; "
-                          f"available: {', '.join(map(str, versions))}")
+    checkpoints = saved_checkpoints(workdir, agent, policy_version)
     out = os.path.abspath(out)
     _check_output(out, force, protected=[workdir] + ([source.checkpoint_dir] if source.checkpoint_dir else []))
 
@@ -126,6 +118,22 @@ def agent_source(config, agent: str, workdir: str) -> _Source:
     except ValueError as error:
         raise ExportError(f"config.agents.{agent}.model={model!r}: {error}") from None
     return _Source(model, info.model_config, info.tokenizer, info.path)
+
+
+def saved_checkpoints(workdir: str, agent: str, policy_version: int | None) -> str:
+    """``agent``'s checkpoint directory in ``workdir``, after checking it holds ``policy_version`` (None: any
+    version); ExportError (one line, naming the saved versions) when it does not."""
+    from flexmarl_jax.train.checkpoint import CHECKPOINT_DIR, checkpoint_versions
+
+    checkpoints = os.path.join(workdir, CHECKPOINT_DIR, agent)
+    versions = checkpoint_versions(checkpoints)
+    if not versions:
+        raise ExportError(f"no checkpoints of agent {agent!r} under {checkpoints}")
+    if policy_version is not None and policy_version not in versions:
+        raise ExportError(f"--version {policy_version} was not saved: agent {agent!r} has no checkpoint at "
+                          f"--version {policy_version} under {checkpoints}; "
+                          f"available: {', '.join(map(str, versions))}")
+    return checkpoints
 
 
 def _agent_source(workdir: str, agent: str) -> _Source:

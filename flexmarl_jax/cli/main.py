@@ -106,14 +106,19 @@ def cmd_inspect(argv: list[str]) -> int:
     return 0
 
 
+def _add_saved_run_arguments(parser: argparse.ArgumentParser, verb: str) -> None:
+    """The arguments every command that reads a finished run's checkpoints takes: WORKDIR and --version."""
+    parser.add_argument("workdir", help="the run's --workdir (holds config.json and checkpoints/)")
+    parser.add_argument("--version", type=int, default=None, help=f"the policy version to {verb} (default: latest)")
+
+
 def cmd_export(argv: list[str]) -> int:
     parser = argparse.ArgumentParser(
         prog="flexmarl export",
         description="Write one agent of a run as a Hugging Face model directory (weights, config, tokenizer).")
-    parser.add_argument("workdir", help="the run's --workdir (holds config.json and checkpoints/)")
+    _add_saved_run_arguments(parser, "export")
     parser.add_argument("--agent", required=True, help="the agent to export (a key of config.agents)")
     parser.add_argument("--out", required=True, help="the directory to write (must be empty or absent)")
-    parser.add_argument("--version", type=int, default=None, help="the policy version to export (default: latest)")
     parser.add_argument("--force", action="store_true", help="replace a non-empty --out")
     args = parser.parse_args(argv)
     # Export reads and converts arrays on the host: keep JAX off accelerators that a run may be using.
@@ -135,9 +140,8 @@ def cmd_serve(argv: list[str]) -> int:
         description="Serve one agent of a run, or every agent on its own port (--port, --port + 1, ...), with "
                     "JetStream's Driver and gRPC service (Orchestrator: Decode, HealthCheck); greedy decoding. "
                     "SIGINT or SIGTERM cancels the streams in flight and stops the server.")
-    parser.add_argument("workdir", help="the run's --workdir (holds config.json and checkpoints/)")
+    _add_saved_run_arguments(parser, "serve")
     parser.add_argument("--agent", default=None, help="the agent to serve (default: every agent of the run)")
-    parser.add_argument("--version", type=int, default=None, help="the policy version to serve (default: latest)")
     parser.add_argument("--host", default="127.0.0.1", help="the address to listen on (default: 127.0.0.1)")
     parser.add_argument("--port", type=int, default=9000,
                         help="the first agent's gRPC port (default 9000; 0: any free port, printed)")
@@ -199,11 +203,10 @@ def cmd_chat(argv: list[str]) -> int:
         description="Ask a run's agents questions in process (greedy): one agent answers, or the team runs its "
                     "workflow on the question and each agent's turn is printed. One question per line; "
                     "/quit or end of input stops.")
-    parser.add_argument("workdir", help="the run's --workdir (holds config.json and checkpoints/)")
+    _add_saved_run_arguments(parser, "ask")
     who = parser.add_mutually_exclusive_group(required=True)
     who.add_argument("--agent", help="the agent to talk to")
     who.add_argument("--team", action="store_true", help="run the whole workflow on each question")
-    parser.add_argument("--version", type=int, default=None, help="the policy version (default: latest)")
     args = parser.parse_args(argv)
     from flexmarl_jax.serve.chat import AgentChat, TeamChat, run_repl
     from flexmarl_jax.serve.served_agent import ServeError

@@ -14,7 +14,6 @@ those lengths only, and asks the engine for exactly `max_prefill_length` as its 
 from __future__ import annotations
 
 import dataclasses
-import os
 from typing import Any
 
 from flexmarl_jax.models.config import ModelConfig
@@ -56,19 +55,12 @@ def load_agent(workdir: str, agent: str, *, version: int | None = None, run=None
     Raises ServeError for an unknown agent (naming the run's agents), a version that was not saved (naming the
     saved ones), or a checkpoint that no longer matches the agent's model.
     """
-    from flexmarl_jax.cli.export import ExportError, agent_source, restore_matching_policy
-    from flexmarl_jax.train.checkpoint import CHECKPOINT_DIR, checkpoint_versions
+    from flexmarl_jax.cli.export import ExportError, agent_source, restore_matching_policy, saved_checkpoints
 
     run = read_run(workdir) if run is None else run
     try:
         source = agent_source(run, agent, workdir)
-        checkpoints = os.path.join(workdir, CHECKPOINT_DIR, agent)
-        versions = checkpoint_versions(checkpoints)
-        if not versions:
-            raise ServeError(f"--agent {agent}: no checkpoints under {checkpoints}")
-        if version is not None and version not in versions:
-            raise ServeError(f"--version {version}: agent {agent!r} has no checkpoint at it under {checkpoints}; "
-                             f"saved: {', '.join(map(str, versions))}")
+        checkpoints = saved_checkpoints(workdir, agent, version)
         snapshot = restore_matching_policy(checkpoints, version, source, agent)
     except ExportError as error:
         raise ServeError(str(error)) from None
