@@ -40,6 +40,7 @@ import time
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from flexmarl_jax.bench._arguments import add_config_overrides, checked_subset, config_overrides
 from flexmarl_jax.bench._output import write_json
 
 TEAM_FLEXMARL, TEAM_SYNC, SOLVER_ALONE = "team_flexmarl", "team_sync", "solver_alone"
@@ -58,8 +59,7 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser.add_argument("--runs", default=",".join(RUNS), help=f"comma-separated subset of {list(RUNS)}")
     parser.add_argument("--smoke", action="store_true",
                         help="configs/tiny.py's smoke sizes (seconds-long runs for tests)")
-    parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
-                        help="config override for every run, e.g. --set workflow.warmup_steps=50 (repeatable)")
+    add_config_overrides(parser, "every run", "workflow.warmup_steps=50")
     parser.add_argument("--child", default=None, help=argparse.SUPPRESS)  # internal: run one run, write its result
     parser.add_argument("--child-out", default=None, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
@@ -67,12 +67,8 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         parser.error(f"--budget-s={args.budget_s} must be > 0")
     if args.eval_every_s <= 0:
         parser.error(f"--eval-every-s={args.eval_every_s} must be > 0")
-    bad = [item for item in args.set if "=" not in item]
-    if bad:
-        parser.error(f"--set {bad[0]!r}: expected KEY=VALUE")
-    unknown = [name for name in args.runs.split(",") if name not in RUNS]
-    if unknown:
-        parser.error(f"--runs: unknown run(s) {unknown}; allowed: {', '.join(RUNS)}")
+    config_overrides(parser, args.set)
+    checked_subset(parser, "--runs", args.runs, list(RUNS), "run")
     return args
 
 

@@ -47,6 +47,7 @@ import time
 from collections.abc import Mapping
 from typing import Any
 
+from flexmarl_jax.bench._arguments import add_config_overrides, checked_subset, config_overrides
 from flexmarl_jax.bench._output import write_json
 from flexmarl_jax.bench._pacing import pace_steps
 from flexmarl_jax.bench._pipeline_workload import (  # noqa: F401 - part of this benchmark's interface
@@ -388,15 +389,10 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                         help="rollout instances per agent in every mode (more gives balancing something to move)")
     parser.add_argument("--pace-ms", type=float, default=10.0,
                         help="also run every mode with engine steps padded to this long (0: raw CPU only)")
-    parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
-                        help="extra config override for every mode, e.g. --set rollout.decode_slots=4 (repeatable)")
+    add_config_overrides(parser, "every mode", "rollout.decode_slots=4")
     args = parser.parse_args(argv)
-    bad = [item for item in args.set if "=" not in item]
-    if bad:
-        parser.error(f"--set {bad[0]!r}: expected KEY=VALUE")
-    unknown = [m for m in args.modes.split(",") if m not in MODES]
-    if unknown:
-        parser.error(f"--modes: unknown mode(s) {unknown}; allowed: {', '.join(MODES)}")
+    config_overrides(parser, args.set)
+    checked_subset(parser, "--modes", args.modes, list(MODES), "mode")
     if args.iterations is not None and args.iterations < 1:
         parser.error(f"--iterations={args.iterations} must be >= 1")
     if args.pace_ms < 0:
