@@ -261,6 +261,13 @@ class RowIndex:
         self.state[rows] = RowState.DROPPED
         return rows
 
+    def drop_groups(self, groups: np.ndarray) -> np.ndarray:
+        """Drops whole groups, open or consumed (not claimed: the caller checks); returns their rows."""
+        self.group_state[groups] = GroupState.DROPPED
+        rows = np.fromiter((r for g in groups.tolist() for r in self.group_rows[g]), np.int64)
+        self.state[rows] = RowState.DROPPED
+        return rows
+
     # ---- after loading from disk ---------------------------------------------------------------------------
     def settle_loaded_groups(self) -> None:
         """Group states from loaded row states (claims are leases: nothing loads as CLAIMED)."""

@@ -278,6 +278,14 @@ class ExperienceStore:
         ids, a partial group, or rows that are claimed, dropped or not READY."""
         return self._table(agent).consume_rows(list(sample_ids))
 
+    def drop_rows(self, agent: str, sample_ids: Sequence[str]) -> int:
+        """Marks the whole groups of ``sample_ids`` DROPPED (durably), whether they are READY, pending or CONSUMED:
+        recovery of rows whose training was discarded with the update that held it (a checkpoint that failed
+        verification, so the run goes back to an older one). Ids the store does not hold are skipped (a memory
+        store does not outlive its process). Returns the number of rows newly dropped. Raises ValueError
+        (changing nothing) for claimed rows."""
+        return self._table(agent).drop_rows(list(sample_ids))
+
     def release(self, batch: ClaimedRows) -> int:
         """Gives a claimed batch back (e.g. its trainer failed): its groups become claimable again."""
         return self._table(batch.agent).release(batch.claim_id)

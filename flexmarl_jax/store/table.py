@@ -358,6 +358,32 @@ class AgentTable:
             claim_id, _ = index.claim(groups)  # through a claim, so group and row states change together
         return self.consume([claim_id])
 
+    def drop_rows(self, sample_ids: list[str]) -> int:
+        with self._cond:
+            index = self._index
+            rows = index.rows_of([sample_id for sample_id in sample_ids if sample_id in index.row_of_sample])
+            if not len(rows):
+                return 0
+            groups = np.array(sorted(set(index.group[rows].tolist())), np.int64)
+            whole = np.array(sorted(r for g in groups.tolist() for r in index.group_rows[g]), np.int64)
+            claimed = whole[index.state[whole] == RowState.CLAIMED]
+            if len(claimed):
+                raise ValueError(f"row {index.sample_ids[int(claimed[0])]!r} of {self.agent!r} is claimed: "
+                                 "release its claim before dropping it")
+            before = index.state[whole].copy()
+            if not (before != RowState.DROPPED).any():
+                return 0
+            rows = np.sort(index.drop_groups(groups))
+            before = before[np.searchsorted(whole, rows)]
+            batch = WriteBatch()
+            batch.write(self._arrays["state"], _as_index(rows), np.full(len(rows), RowState.DROPPED, np.int32))
+            # Consumed rows gave up their values when they were consumed; the others give them up now.
+            self._free_values(batch, rows[(before != RowState.CONSUMED) & (before != RowState.DROPPED)])
+            seq = self._committer.enqueue(batch)
+            self._note_change()
+        self._committer.settle(seq)
+        return int(np.count_nonzero(before != RowState.DROPPED))
+
     def release(self, claim_id: int) -> int:
         with self._cond:
             claim = self._index.take_claim(claim_id, self.agent)
