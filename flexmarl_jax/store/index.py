@@ -11,6 +11,7 @@ import dataclasses
 import numpy as np
 
 from flexmarl_jax.store.schema import RowState, TableSchema
+from flexmarl_jax.store.values import REF_FIELDS
 
 _NO_DEPENDENCY_MIN = np.iinfo(np.int64).max  # group minimum version when no row depends on that agent
 
@@ -49,7 +50,7 @@ class RowIndex:
         self.versions = np.full((capacity, len(self.agents)), -1, np.int64)  # [rows, agents]
         self.status = np.zeros((capacity, len(self.data_specs)), bool)  # [rows, data columns]
         self.scalars = {s.name: np.zeros(capacity, s.dtype) for s in self.data_specs if not s.by_reference}
-        self.refs = {s.name: np.zeros((capacity, 3), np.int64) for s in self.data_specs if s.by_reference}
+        self.refs = {s.name: np.zeros((capacity, len(REF_FIELDS)), np.int64) for s in self.data_specs if s.by_reference}
         self.sample_ids: list[str] = []
         self.row_of_sample: dict[str, int] = {}
         # Groups, in order of their first row (claims go oldest group first).

@@ -89,7 +89,7 @@ class ExperienceStore:
                 raise ValueError(f"creating a store at {location} needs agents=[...]")
             schema = TableSchema.build(agents, extra_columns)
             payload = json.dumps(schema.to_json(rows_per_chunk), indent=1).encode()
-            kvstore.write(layout.SCHEMA_KEY, payload).result()
+            layout.write_schema_json(kvstore, payload)
         else:
             schema = TableSchema.from_json(stored)
             rows_per_chunk = int(stored["rows_per_chunk"])
