@@ -78,9 +78,10 @@ class RunJournal:
         os.makedirs(self._path(TRAINED_DIR), exist_ok=True)
         write_json_atomically(self._trained_path(iteration), payload)
         for older in self._trained_iterations():
-            # The checkpoint of `iteration` keeps versions >= iteration + 1 - CHECKPOINTS_KEPT on disk: a resume
-            # never goes back before them, so older trained ids are no longer needed.
-            if older < iteration - CHECKPOINTS_KEPT:
+            # Versions on disk from now on: iteration + 1 - CHECKPOINTS_KEPT and newer (or one fewer, if the
+            # save of version iteration + 1 is cut short). A resume never goes back before the oldest of them,
+            # so it never redoes an iteration before it: those trained ids are no longer needed.
+            if older < iteration - (CHECKPOINTS_KEPT - 1):
                 os.remove(self._trained_path(older))
         write_json_atomically(self._path(PENDING_TRAINED), payload)
         write_json_atomically(self._path(PENDING_RECORD), record)
