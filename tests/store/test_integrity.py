@@ -111,3 +111,13 @@ def test_a_claim_fails_the_rows_of_a_corrupted_value_and_never_returns_them(tmp_
     assert rest.group_ids == ("q3_0", "q4_0", "q5_0")
     reopened = ExperienceStore.open(tmp_path, backend="file", must_exist=True)
     assert reopened.counters("solver")["dropped"] == GROUP_SIZE
+
+
+def test_a_store_written_before_checksums_is_refused_by_its_format(tmp_path):
+    ExperienceStore.open(tmp_path, agents=["solver"], backend="file").close()
+    kv = ts.KvStore.open({"driver": "ocdbt", "base": f"file://{tmp_path}/store/"}).result()
+    old = bytes(kv.read("schema.json").result().value).replace(b"flexmarl-store/2", b"flexmarl-store/1")
+    kv.write("schema.json", old).result()
+    del kv["schema.crc32"]
+    with pytest.raises(ValueError, match="store format 'flexmarl-store/1' is not 'flexmarl-store/2'"):
+        ExperienceStore.open(tmp_path, backend="file", must_exist=True)
