@@ -373,7 +373,8 @@ class AgentTable:
                 raise ValueError(f"row {index.sample_ids[int(claimed[0])]!r} of {self.agent!r} is claimed: "
                                  "release its claim before dropping it")
             seq, dropped = self._drop_groups_locked(groups)
-        self._committer.settle(seq)
+        if seq is not None:
+            self._committer.settle(seq)
         return dropped
 
     def _drop_groups_locked(self, groups: np.ndarray) -> tuple[int | None, int]:
