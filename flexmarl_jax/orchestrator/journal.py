@@ -126,6 +126,9 @@ class RunJournal:
         An iteration before `start` was checkpointed: its record is written if its metrics line was lost,
         and its trained rows are marked consumed if the kill came before `mark_consumed`. A pending
         iteration at or after `start` has no checkpoint: it is redone, so its pending files are discarded.
+        Every iteration from `start` on is redone: the rows it trained are dropped (`discard_trained_since`) and
+        its metrics records removed (after a fallback past a checkpoint that failed verification, they describe
+        updates that were discarded).
         """
         record = read_json(self._path(PENDING_RECORD))
         if record is not None:
@@ -141,6 +144,11 @@ class RunJournal:
                                 pending["iteration"])
             os.remove(self._path(PENDING_TRAINED))
         self.discard_trained_since(store, start)
+        if writer is not None:
+            forgotten = writer.forget_from(start)  # records of updates a fallback discarded; redone now
+            if forgotten:
+                logger.warning("removed %d metrics records of iterations from %d on, which are redone", forgotten,
+                               start)
 
     def discard_trained_since(self, store, start: int) -> int:
         """Drops the rows that iterations >= `start` trained: the resume redoes those iterations from the

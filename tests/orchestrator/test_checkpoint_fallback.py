@@ -8,7 +8,8 @@ import os
 import numpy as np
 import pytest
 
-from flexmarl_jax.metrics import MetricsWriter
+from flexmarl_jax import metrics
+from flexmarl_jax.metrics import MetricsWriter, read_metrics
 from flexmarl_jax.orchestrator.journal import TRAINED_DIR, RunJournal
 from flexmarl_jax.orchestrator.resume import prepare_resume
 from flexmarl_jax.orchestrator.run import _begin_attempt, _checkpoint
@@ -102,3 +103,7 @@ def test_a_corrupted_newest_checkpoint_resumes_from_the_previous_version_with_no
         assert not any("r1_" in sample_id for sample_id in dropped), agent
         assert RowState.DROPPED not in rows[0] and RowState.DROPPED not in rows[1]
     assert sorted(os.listdir(os.path.join(workdir, TRAINED_DIR))) == ["1.json", "2.json"]
+    # metrics.jsonl holds one record per iteration, the redone one's for iteration 2 (not the discarded one's).
+    records = [r for r in read_metrics(workdir) if r.get("kind", "iteration") == "iteration"]
+    assert [r["iteration"] for r in records] == [0, 1, 2]
+    assert records[2]["agent"] == metrics.to_jsonable(redone)["agent"]
