@@ -154,11 +154,14 @@ def restore_matching_policy(checkpoints: str, policy_version: int | None, source
     """The saved policy, after checking that the agent's model source still describes it (the tokenizer
     files come from that source, so a source that changed since training would export the wrong ones)."""
     from flexmarl_jax.train.checkpoint import restore_policy
+    from flexmarl_jax.train.checkpoint_integrity import CheckpointCorrupted
 
     try:
         snapshot = restore_policy(checkpoints, policy_version)
     except ValueError as error:  # a checkpoint whose arrays miss its model's shapes
         raise ExportError(str(error)) from None
+    except CheckpointCorrupted as error:  # its files changed since the save, or the save never finished
+        raise ExportError(f"{error}; pass an older --version") from None
     expected = source.model_config
     if snapshot.model_config != expected:
         differ = [field.name for field in dataclasses.fields(expected)

@@ -252,7 +252,12 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     except Exception as error:
         from flexmarl_jax.orchestrator.run import RunStopped
+        from flexmarl_jax.store.corruption import StoreCorrupted
+        from flexmarl_jax.train.checkpoint_integrity import CheckpointCorrupted
 
+        if isinstance(error, (StoreCorrupted, CheckpointCorrupted)):  # data on disk changed: say where, in a line
+            print(f"flexmarl {command}: {error}", file=sys.stderr)
+            return 1
         if not isinstance(error, RunStopped):
             raise
         print(f"flexmarl {command}: stopped: {error}", file=sys.stderr)  # the traceback is in the log above

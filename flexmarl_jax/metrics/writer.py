@@ -147,6 +147,28 @@ class MetricsWriter:
     def __exit__(self, *exc_info: object) -> None:
         self.close()
 
+    def forget_from(self, iteration: int) -> int:
+        """Removes from `metrics.jsonl` the training records of iterations >= `iteration` and the evaluations
+        of policy versions > `iteration`: a resume that went back to version `iteration` redoes those
+        iterations, and their records described updates it discarded. Returns the number of records removed.
+        (TensorBoard event files are append-only: they keep the old points, beside the redone ones.)"""
+        def discarded(record) -> bool:
+            step = record.get("iteration")
+            if not isinstance(step, int):
+                return False
+            return step > iteration if record_kind(record) == EVAL_KIND else step >= iteration
+
+        with self._lock:
+            kept = [record for record in self.records if not discarded(record)]
+            removed = len(self.records) - len(kept)
+            if removed:
+                temporary = self.path.with_name(self.path.name + ".tmp")
+                temporary.write_text("".join(json.dumps(record) + "\n" for record in kept), encoding="utf-8")
+                os.replace(temporary, self.path)
+                self.records = kept
+                self._written = {(record_kind(record), record.get("iteration")) for record in kept}
+        return removed
+
     def _repair_torn_tail(self) -> None:
         """Cut a last line without its newline: appending after it would glue two records together."""
         if not self.path.exists():

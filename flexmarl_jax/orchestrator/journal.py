@@ -3,12 +3,17 @@
 Invariant: **an iteration's checkpoint is written before the rows it trained count as consumed.** So a run
 killed at any moment either has the iteration's update in a checkpoint (and its trained rows are marked
 consumed on resume, if the kill came before `mark_consumed`), or has no checkpoint of it (and the iteration
-is redone from the previous checkpoint; the first attempt's rows are dropped). Three files serve that:
+is redone from the previous checkpoint; the first attempt's rows are dropped). A resume may also go back further
+than the last checkpoint, when that one fails verification (`orchestrator/resume.py`): every iteration after the
+version resumed from is then redone, and the rows those iterations trained — consumed by updates that no
+surviving checkpoint holds — are dropped, never counted as trained. The files that serve this:
 
 - `pending_trained.json`: the sample ids the iteration being checkpointed trained on, written before its
   checkpoint and removed once its metrics line is written.
 - `pending_record.json`: that iteration's metrics record, kept with the checkpoint so that a kill between
   the checkpoint and `metrics.jsonl` loses no record.
+- `trained/<iteration>.json`: the same sample ids, kept for the iterations whose checkpoints a resume may still
+  go back past (`CHECKPOINTS_KEPT`); older ones are removed.
 - `attempts.json`: how often each iteration was started, so a redone iteration gets fresh input ids and
   its first attempt's rows (in a durable store) are dropped.
 - `stops.jsonl`: one line per run that ended early (a stall, a signal, an error): why, when, at which
@@ -30,6 +35,8 @@ PENDING_RECORD = "pending_record.json"
 PENDING_TRAINED = "pending_trained.json"
 ATTEMPTS = "attempts.json"
 STOPS = "stops.jsonl"
+TRAINED_DIR = "trained"
+CHECKPOINTS_KEPT = 2  # versions a run keeps per agent (Orbax max_to_keep): a resume can go back to the oldest
 
 
 def read_json(path: str):
@@ -66,8 +73,28 @@ class RunJournal:
 
     def before_checkpoint(self, record: dict, trained: dict[str, list[str]]) -> None:
         """Keeps the iteration's trained sample ids and metrics record; call right before its checkpoint."""
-        write_json_atomically(self._path(PENDING_TRAINED), {"iteration": record["iteration"], "sample_ids": trained})
+        iteration = record["iteration"]
+        payload = {"iteration": iteration, "sample_ids": trained}
+        os.makedirs(self._path(TRAINED_DIR), exist_ok=True)
+        write_json_atomically(self._trained_path(iteration), payload)
+        for older in self._trained_iterations():
+            # Versions on disk from now on: iteration + 1 - CHECKPOINTS_KEPT and newer (or one fewer, if the
+            # save of version iteration + 1 is cut short). A resume never goes back before the oldest of them,
+            # so it never redoes an iteration before it: those trained ids are no longer needed.
+            if older < iteration - (CHECKPOINTS_KEPT - 1):
+                os.remove(self._trained_path(older))
+        write_json_atomically(self._path(PENDING_TRAINED), payload)
         write_json_atomically(self._path(PENDING_RECORD), record)
+
+    def _trained_path(self, iteration: int) -> str:
+        return os.path.join(self._path(TRAINED_DIR), f"{iteration}.json")
+
+    def _trained_iterations(self) -> list[int]:
+        directory = self._path(TRAINED_DIR)
+        if not os.path.isdir(directory):
+            return []
+        return sorted(int(name[:-len(".json")]) for name in os.listdir(directory)
+                      if name.endswith(".json") and name[:-len(".json")].isdigit())
 
     def iteration_logged(self) -> None:
         """The iteration's metrics line is written and its rows are consumed: nothing is pending any more."""
@@ -99,6 +126,9 @@ class RunJournal:
         An iteration before `start` was checkpointed: its record is written if its metrics line was lost,
         and its trained rows are marked consumed if the kill came before `mark_consumed`. A pending
         iteration at or after `start` has no checkpoint: it is redone, so its pending files are discarded.
+        Every iteration from `start` on is redone: the rows it trained are dropped (`discard_trained_since`) and
+        its metrics records removed (after a fallback past a checkpoint that failed verification, they describe
+        updates that were discarded).
         """
         record = read_json(self._path(PENDING_RECORD))
         if record is not None:
@@ -113,3 +143,27 @@ class RunJournal:
                     logger.info("marked %d rows of checkpointed iteration %d consumed", settled,
                                 pending["iteration"])
             os.remove(self._path(PENDING_TRAINED))
+        self.discard_trained_since(store, start)
+        if writer is not None:
+            forgotten = writer.forget_from(start)  # records of updates a fallback discarded; redone now
+            if forgotten:
+                logger.warning("removed %d metrics records of iterations from %d on, which are redone", forgotten,
+                               start)
+
+    def discard_trained_since(self, store, start: int) -> int:
+        """Drops the rows that iterations >= `start` trained: the resume redoes those iterations from the
+        checkpoint of version `start`, so no surviving policy holds their training (consumed rows, after a
+        fallback past a checkpoint that failed verification) or ever will (rows of an iteration killed before
+        its checkpoint). Returns the number of rows dropped."""
+        dropped = 0
+        for iteration in self._trained_iterations():
+            if iteration < start:
+                continue
+            payload = read_json(self._trained_path(iteration))
+            rows = sum(store.drop_rows(agent, ids) for agent, ids in payload["sample_ids"].items())
+            if rows:
+                logger.warning("iteration %d is redone from policy version %d: the %d rows its discarded update "
+                               "trained are dropped", iteration, start, rows)
+            dropped += rows
+            os.remove(self._trained_path(iteration))
+        return dropped

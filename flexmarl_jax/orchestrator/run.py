@@ -1,7 +1,8 @@
 """`flexmarl train`: builds every component from a checked `RunConfig` and runs the iterations.
 
-Resume: a workdir holding checkpoints continues from the last one. An iteration is atomic: its update is
-applied and checkpointed before its rows are marked consumed, and a run killed mid-iteration redoes that
+Resume: a workdir holding checkpoints continues from the last one that every agent holds intact
+(`resume.prepare_resume`; one that fails verification is reported and passed over). An iteration is atomic: its
+update is applied and checkpointed before its rows are marked consumed, and a run killed mid-iteration redoes that
 iteration from the last checkpoint — nothing it had claimed was applied, so no sample is counted twice
 (`journal.RunJournal` keeps the side files this needs).
 
@@ -31,10 +32,11 @@ from flexmarl_jax.orchestrator.agents import (
     training_slice_meshes,
 )
 from flexmarl_jax.orchestrator.evaluation import TeamEvaluator, evaluation_due
-from flexmarl_jax.orchestrator.journal import RunJournal
+from flexmarl_jax.orchestrator.journal import CHECKPOINTS_KEPT, RunJournal
 from flexmarl_jax.orchestrator.liveness import IterationAbandoned, PipelineStalled, ProgressBeacon
 from flexmarl_jax.orchestrator.pipeline import JointOrchestrator, PipelineSettings
 from flexmarl_jax.orchestrator.preflight import Preflight, preflight
+from flexmarl_jax.orchestrator.resume import prepare_resume
 from flexmarl_jax.orchestrator.retry import run_with_one_retry
 from flexmarl_jax.orchestrator.rollout_setup import RolloutHandle, start_engines
 from flexmarl_jax.orchestrator.stop_signals import StopSignals
@@ -103,7 +105,11 @@ def build_orchestrator(config: RunConfig, *, timeline: metrics.Timeline | None =
                                         agent: slice_meshes[index % train_slices]
                                         for index, agent in enumerate(agents)})
     workflow, task = checked.workflow, checked.task
-    common = _prepare_resume(os.path.join(config.workdir, CHECKPOINT_DIR), agents) if resume else None
+    resumed = prepare_resume(os.path.join(config.workdir, CHECKPOINT_DIR), agents) if resume else None
+    common = None if resumed is None else resumed.version
+    for version, problem in ({} if resumed is None else resumed.rejected).items():
+        print(f"flexmarl train: checkpoint of policy version {version} fails verification ({problem}); "
+              f"resuming from policy version {common}, the newest intact one", file=sys.stderr)
     start = _restore_or_warm_up(config, runtimes, common, workflow, task)
     if timeline is None:
         saved = os.path.join(config.workdir, metrics.TIMELINE_FILENAME)
@@ -161,16 +167,18 @@ def _restore_or_warm_up(config: RunConfig, runtimes: Mapping[str, AgentRuntime],
                         workflow: Workflow, task: Task) -> int:
     """Sets the trainers' starting state; returns the first iteration to run.
 
-    Resuming (``common``: the newest policy version every agent has a checkpoint of), every agent is
-    restored at that version. Otherwise, with `workflow.warmup_steps`, every agent takes its supervised
-    warm-up of kind `workflow.warmup` on training problems (saved as the checkpoint of version 0)."""
+    Resuming (``common``: the newest policy version every agent has an intact checkpoint of, which
+    `resume.prepare_resume` has just verified), every agent is restored at that version. Otherwise, with
+    `workflow.warmup_steps`, every agent takes its supervised warm-up of kind `workflow.warmup` on training
+    problems (saved as the checkpoint of version 0)."""
     trainers = trainers_of(runtimes)
     checkpoint_root = os.path.join(config.workdir, CHECKPOINT_DIR)
     if common is not None:
         # Agents are saved one after another; a run killed in between leaves some agents one version
-        # ahead. Restore every agent at the newest version that all of them completed.
+        # ahead, and a checkpoint may fail verification. Every agent restores the newest version that all of
+        # them hold intact (verified by prepare_resume a moment ago: no second pass over the files).
         for agent, trainer in trainers.items():
-            restore_trainer(trainer, os.path.join(checkpoint_root, agent), policy_version=common)
+            restore_trainer(trainer, os.path.join(checkpoint_root, agent), policy_version=common, verify=False)
         logger.info("resumed from %s at policy version %d", checkpoint_root, common)
         return common
     if config.workflow.warmup_steps > 0:
@@ -188,43 +196,7 @@ def _checkpoint(trainers, workdir: str, journal: RunJournal, record: dict, train
     """After an iteration's update: the journal keeps its record and trained sample ids, then every agent's
     state is saved (the journal's invariant: this precedes `mark_consumed`)."""
     journal.before_checkpoint(metrics.to_jsonable(record), trained)
-    save_all(trainers, os.path.join(workdir, CHECKPOINT_DIR), max_to_keep=2)
-
-
-def _checkpoint_steps(root: str, agents) -> dict[str, set[int]] | None:
-    """agent -> the policy versions it has a finished checkpoint of (None: some agent has none)."""
-    import orbax.checkpoint as ocp
-
-    steps = {}
-    for agent in agents:
-        directory = os.path.abspath(os.path.join(root, agent))
-        if not os.path.isdir(directory):
-            return None
-        with ocp.CheckpointManager(directory) as manager:
-            steps[agent] = set(manager.all_steps())
-    return steps
-
-
-def _prepare_resume(root: str, agents) -> int | None:
-    """Returns the newest policy version every agent has a checkpoint of (None: nothing to resume), after
-    deleting the checkpoints newer than it.
-
-    Agents are saved one after another; a run killed in between leaves some agents one version ahead.
-    Those newer checkpoints belong to the iteration being redone."""
-    import orbax.checkpoint as ocp
-
-    steps = _checkpoint_steps(root, agents)
-    common = set.intersection(*steps.values()) if steps else set()
-    if not common:
-        return None
-    newest = max(common)
-    for agent in agents:
-        newer = sorted(step for step in steps[agent] if step > newest)
-        if newer:
-            with ocp.CheckpointManager(os.path.abspath(os.path.join(root, agent))) as manager:
-                for step in newer:
-                    manager.delete(step)
-    return newest
+    save_all(trainers, os.path.join(workdir, CHECKPOINT_DIR), max_to_keep=CHECKPOINTS_KEPT)
 
 
 def _begin_attempt(orchestrator: JointOrchestrator, journal: RunJournal, iteration: int, *, durable: bool) -> None:

@@ -12,6 +12,7 @@ _EXPORTS = {
     "ClaimedRows": "batch",
     "RowState": "schema",
     "StoreBrokenError": "commit",
+    "StoreCorrupted": "corruption",
     "store_url": "layout",
 }
 __all__ = sorted(_EXPORTS)

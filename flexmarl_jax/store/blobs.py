@@ -6,7 +6,9 @@ or rows consumed/dropped when the store frees them) is deleted in the same trans
 the table lock for everything except ``read``: blobs are immutable once written, so reads need no lock.
 
 Blobs written by this process are also kept decoded in memory until no unconsumed row points at them, so a
-claim (which reads rows appended moments earlier) does not go back to TensorStore for them.
+claim (which reads rows appended moments earlier) does not go back to TensorStore for them. Every value read
+back from TensorStore is checked against the CRC-32 in its row's reference; rows that fail raise
+``CorruptedPositions`` (the table names them and fails them).
 """
 
 from __future__ import annotations
@@ -18,8 +20,9 @@ import tensorstore as ts
 
 from flexmarl_jax.store import layout
 from flexmarl_jax.store.commit import Committer, WriteBatch
+from flexmarl_jax.store.corruption import CorruptedPositions
 from flexmarl_jax.store.schema import ColumnSpec
-from flexmarl_jax.store.values import unpack_rows
+from flexmarl_jax.store.values import corrupted_rows, unpack_rows
 
 
 class Blobs:
@@ -77,6 +80,7 @@ class Blobs:
         """Values of by-reference columns (None where never set): one ranged read per (column, blob).
 
         ``missing_ok``: a deleted blob (its rows were consumed and freed) reads as None instead of raising.
+        Raises CorruptedPositions when values read from TensorStore fail their CRC-32 (positions into ``refs``).
         """
         reads = {}
         # Blob ids per column, in first-seen order (dict.fromkeys: cheaper than np.unique for a few ids).
@@ -103,11 +107,15 @@ class Blobs:
                     read = self._kvstore.read(key, byte_range=byte_range)
                 reads[name, blob_id] = (low, read, False)
         out = {}
+        corrupted: dict[str, list[int]] = {}
+        corrupted_keys = []
         for name, column_refs in refs.items():
             spec = self._specs[name]
             values: list = [None] * len(column_refs)
             for blob_id in blob_ids[name]:
                 low, raw, decoded = reads[name, blob_id]
+                positions = np.flatnonzero(column_refs[:, 0] == blob_id)
+                local_refs = column_refs[positions] - np.array([0, low, 0, 0])
                 if not isinstance(raw, bytes) and not decoded:
                     result = raw.result()
                     if result.state != "value":
@@ -115,14 +123,20 @@ class Blobs:
                             continue
                         raise RuntimeError(f"blob {layout.blob_key(self.agent, name, blob_id)} is missing")
                     raw = result.value
+                    # Bytes from disk (not this process's memory): each row's value must match its CRC-32.
+                    bad = corrupted_rows(spec, raw, local_refs)
+                    if len(bad):
+                        corrupted.setdefault(name, []).extend(positions[bad].tolist())
+                        corrupted_keys.append(layout.blob_key(self.agent, name, blob_id))
+                        continue
                 blob = raw if decoded or spec.kind == "str" else layout.decode_blob(raw, spec.dtype)
-                positions = np.flatnonzero(column_refs[:, 0] == blob_id)
-                local_refs = column_refs[positions] - np.array([0, low, 0])
                 for position, value in zip(
                     positions.tolist(), unpack_rows(spec, blob, local_refs), strict=True
                 ):
                     values[position] = value
             out[name] = values
+        if corrupted:
+            raise CorruptedPositions(corrupted, corrupted_keys)
         return out
 
 

@@ -11,6 +11,7 @@ import dataclasses
 import numpy as np
 
 from flexmarl_jax.store.schema import RowState, TableSchema
+from flexmarl_jax.store.values import REF_FIELDS
 
 _NO_DEPENDENCY_MIN = np.iinfo(np.int64).max  # group minimum version when no row depends on that agent
 
@@ -49,7 +50,7 @@ class RowIndex:
         self.versions = np.full((capacity, len(self.agents)), -1, np.int64)  # [rows, agents]
         self.status = np.zeros((capacity, len(self.data_specs)), bool)  # [rows, data columns]
         self.scalars = {s.name: np.zeros(capacity, s.dtype) for s in self.data_specs if not s.by_reference}
-        self.refs = {s.name: np.zeros((capacity, 3), np.int64) for s in self.data_specs if s.by_reference}
+        self.refs = {s.name: np.zeros((capacity, len(REF_FIELDS)), np.int64) for s in self.data_specs if s.by_reference}
         self.sample_ids: list[str] = []
         self.row_of_sample: dict[str, int] = {}
         # Groups, in order of their first row (claims go oldest group first).
@@ -256,6 +257,13 @@ class RowIndex:
         groups = groups[self.group_state[groups] == GroupState.OPEN]
         stale = (self.group_min_version[groups] < current - max_staleness).any(axis=1)
         groups = groups[stale]
+        self.group_state[groups] = GroupState.DROPPED
+        rows = np.fromiter((r for g in groups.tolist() for r in self.group_rows[g]), np.int64)
+        self.state[rows] = RowState.DROPPED
+        return rows
+
+    def drop_groups(self, groups: np.ndarray) -> np.ndarray:
+        """Drops whole groups, open or consumed (not claimed: the caller checks); returns their rows."""
         self.group_state[groups] = GroupState.DROPPED
         rows = np.fromiter((r for g in groups.tolist() for r in self.group_rows[g]), np.int64)
         self.state[rows] = RowState.DROPPED

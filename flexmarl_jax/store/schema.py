@@ -24,7 +24,7 @@ from collections.abc import Mapping, Sequence
 
 import numpy as np
 
-FORMAT_VERSION = "flexmarl-store/1"
+FORMAT_VERSION = "flexmarl-store/2"  # /2: checksums (crc32c chunks, a CRC-32 per by-reference value)
 
 SCALAR_TYPES: dict[str, np.dtype] = {
     name: np.dtype(name) for name in ("int32", "int64", "float32", "float64", "bool")

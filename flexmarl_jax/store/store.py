@@ -89,7 +89,7 @@ class ExperienceStore:
                 raise ValueError(f"creating a store at {location} needs agents=[...]")
             schema = TableSchema.build(agents, extra_columns)
             payload = json.dumps(schema.to_json(rows_per_chunk), indent=1).encode()
-            kvstore.write(layout.SCHEMA_KEY, payload).result()
+            layout.write_schema_json(kvstore, payload)
         else:
             schema = TableSchema.from_json(stored)
             rows_per_chunk = int(stored["rows_per_chunk"])
@@ -277,6 +277,14 @@ class ExperienceStore:
         skipped; returns the number of rows newly consumed. Raises ValueError (changing nothing) for unknown
         ids, a partial group, or rows that are claimed, dropped or not READY."""
         return self._table(agent).consume_rows(list(sample_ids))
+
+    def drop_rows(self, agent: str, sample_ids: Sequence[str]) -> int:
+        """Marks the whole groups of ``sample_ids`` DROPPED (durably), whether they are READY, pending or CONSUMED:
+        recovery of rows whose training was discarded with the update that held it (a checkpoint that failed
+        verification, so the run goes back to an older one). Ids the store does not hold are skipped (a memory
+        store does not outlive its process). Returns the number of rows newly dropped. Raises ValueError
+        (changing nothing) for claimed rows."""
+        return self._table(agent).drop_rows(list(sample_ids))
 
     def release(self, batch: ClaimedRows) -> int:
         """Gives a claimed batch back (e.g. its trainer failed): its groups become claimable again."""

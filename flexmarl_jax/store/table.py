@@ -20,6 +20,7 @@ from flexmarl_jax.store.append_input import AppendInput, coerce_data
 from flexmarl_jax.store.batch import ClaimedRows
 from flexmarl_jax.store.blobs import Blobs
 from flexmarl_jax.store.commit import Committer, WriteBatch
+from flexmarl_jax.store.corruption import CorruptedPositions, StoreCorrupted
 from flexmarl_jax.store.index import RowIndex
 from flexmarl_jax.store.schema import (
     STATUS_PREFIX,
@@ -266,7 +267,10 @@ class AgentTable:
             refs = {n: index.refs[n][rows] for n in names if n in index.refs}
         # Blobs are immutable once written, so reading them needs no lock.
         values: dict[str, object] = dict(scalars)
-        values.update(self._blobs.read(refs))
+        try:
+            values.update(self._blobs.read(refs))
+        except CorruptedPositions as corrupted:
+            raise self._fail_corrupted_claim(claim_id, rows[corrupted.positions()], corrupted) from None
         return ClaimedRows(
             agent=self.agent,
             claim_id=claim_id,
@@ -358,6 +362,53 @@ class AgentTable:
             claim_id, _ = index.claim(groups)  # through a claim, so group and row states change together
         return self.consume([claim_id])
 
+    def drop_rows(self, sample_ids: list[str]) -> int:
+        with self._cond:
+            index = self._index
+            rows = index.rows_of([sample_id for sample_id in sample_ids if sample_id in index.row_of_sample])
+            groups = np.array(sorted(set(index.group[rows].tolist())), np.int64)
+            whole = np.array(sorted(r for g in groups.tolist() for r in index.group_rows[g]), np.int64)
+            claimed = whole[index.state[whole] == RowState.CLAIMED]
+            if len(claimed):
+                raise ValueError(f"row {index.sample_ids[int(claimed[0])]!r} of {self.agent!r} is claimed: "
+                                 "release its claim before dropping it")
+            seq, dropped = self._drop_groups_locked(groups)
+        if seq is not None:
+            self._committer.settle(seq)
+        return dropped
+
+    def _drop_groups_locked(self, groups: np.ndarray) -> tuple[int | None, int]:
+        """Drops whole groups (none claimed), with the lock held; returns (commit to settle, rows newly dropped)."""
+        index = self._index
+        whole = np.array(sorted(r for g in groups.tolist() for r in index.group_rows[g]), np.int64)
+        before = index.state[whole].copy()
+        if not (before != RowState.DROPPED).any():
+            return None, 0
+        rows = np.sort(index.drop_groups(groups))
+        before = before[np.searchsorted(whole, rows)]
+        batch = WriteBatch()
+        batch.write(self._arrays["state"], _as_index(rows), np.full(len(rows), RowState.DROPPED, np.int32))
+        # Consumed rows gave up their values when they were consumed; the others give them up now.
+        self._free_values(batch, rows[(before != RowState.CONSUMED) & (before != RowState.DROPPED)])
+        seq = self._committer.enqueue(batch)
+        self._note_change()
+        return seq, int(np.count_nonzero(before != RowState.DROPPED))
+
+    def _fail_corrupted_claim(self, claim_id: int, bad_rows: np.ndarray, corrupted: CorruptedPositions
+                              ) -> StoreCorrupted:
+        """A claim read values that fail their checksum: the claim is given back, the groups of the damaged rows
+        are dropped (durably: they are never trained), and the error naming them is returned for raising."""
+        with self._cond:
+            index = self._index
+            self._index.release(self._index.take_claim(claim_id, self.agent))
+            sample_ids = [index.sample_ids[r] for r in bad_rows.tolist()]
+            groups = np.array(sorted(set(index.group[bad_rows].tolist())), np.int64)
+            seq, dropped = self._drop_groups_locked(groups)
+        if seq is not None:
+            self._committer.settle(seq)
+        return StoreCorrupted(self.agent, sample_ids, f"{corrupted}; the {dropped} rows of their groups were "
+                                                      "dropped, never trained")
+
     def release(self, claim_id: int) -> int:
         with self._cond:
             claim = self._index.take_claim(claim_id, self.agent)
@@ -418,7 +469,11 @@ class AgentTable:
             }
             out.update({n: index.scalars[n][rows] for n in names if n in index.scalars})
             refs = {n: index.refs[n][rows] for n in names if n in index.refs}
-        out.update(self._blobs.read(refs, missing_ok=True))
+        try:
+            out.update(self._blobs.read(refs, missing_ok=True))
+        except CorruptedPositions as corrupted:
+            raise StoreCorrupted(self.agent, [out["sample_id"][p] for p in corrupted.positions()],
+                                 str(corrupted)) from None
         return out
 
     def row_states(self, sample_ids: Sequence[str]) -> list[RowState]:
@@ -427,6 +482,16 @@ class AgentTable:
             return [RowState(s) for s in self._index.state[rows].tolist()]
 
     # ---- reopening ----------
+    def _loaded(self, name: str, future: ts.Future, row_count: int) -> np.ndarray:
+        """A column read at load; a chunk that fails TensorStore's crc32c check (or cannot be decoded) raises
+        StoreCorrupted naming the column and its rows."""
+        try:
+            return future.result()
+        except ValueError as error:
+            raise StoreCorrupted(self.agent, [], f"column {name!r} (rows 0..{row_count - 1}, chunks of "
+                                 f"{self._arrays[name].chunk_layout.read_chunk.shape[0]} rows) fails its "
+                                 f"checksum: {error}; the store cannot be opened") from None
+
     def load(self) -> None:
         """Rebuilds the index from the committed arrays (rows 0 .. row_count-1)."""
         row_count, next_blob_id = self._counters.read().result().tolist()
@@ -434,8 +499,12 @@ class AgentTable:
         if row_count == 0:
             return
         futures = {name: array[:row_count].read() for name, array in self._arrays.items()}
-        arrays = {name: future.result() for name, future in futures.items()}
-        strings = self._blobs.read({name: arrays[name] for name in ("sample_id", "group_id")})
+        arrays = {name: self._loaded(name, future, row_count) for name, future in futures.items()}
+        try:
+            strings = self._blobs.read({name: arrays[name] for name in ("sample_id", "group_id")})
+        except CorruptedPositions as corrupted:
+            raise StoreCorrupted(self.agent, [], f"rows {corrupted.positions()[:8]} ... fail their CRC-32 in the "
+                                 f"ids that name them ({corrupted}); the store cannot be opened") from None
         state = arrays["state"].astype(np.int32)
         state[state == RowState.CLAIMED] = RowState.READY  # never written, but a lease is never durable
         names = list(self.data_specs)

@@ -1,5 +1,8 @@
 """Checking user values against a column's type, and packing by-reference values into one blob.
 
+Each packed row carries the CRC-32 of its own bytes in its reference, so a value read back from disk is checked
+row by row (`corrupted_rows`): a damaged blob fails exactly the rows whose bytes changed.
+
 Rules (a violation raises TypeError naming the column, the given dtype and what is allowed):
 int columns take integers (bool is not an integer here) that fit the column's range; float columns take
 floats or integers; bool columns take bools; str columns take ``str``; sequence columns take a list of
@@ -8,6 +11,7 @@ floats or integers; bool columns take bools; str columns take ``str``; sequence 
 
 from __future__ import annotations
 
+import zlib
 from collections.abc import Sequence
 
 import numpy as np
@@ -15,6 +19,7 @@ import numpy as np
 from flexmarl_jax.store.schema import ColumnSpec
 
 _ALLOWED_KINDS = {"i": "iu", "u": "iu", "f": "iuf", "b": "b"}
+REF_FIELDS = ("blob_id", "offset", "length", "crc32")  # a by-reference row's entry, int64 [rows, 4]
 
 
 def _check_kind(spec: ColumnSpec, array: np.ndarray) -> None:
@@ -117,9 +122,9 @@ def coerce_column(spec: ColumnSpec, values: object, num_rows: int) -> np.ndarray
 
 
 def pack_blob(spec: ColumnSpec, values: list, blob_id: int) -> tuple[bytes, np.ndarray]:
-    """One blob holding every row's value; returns (bytes, refs [rows, 3] = (blob_id, offset, length)).
+    """One blob holding every row's value; returns (bytes, refs [rows, 4] = (blob_id, offset, length, crc32)).
 
-    Offsets and lengths count elements (bytes for str columns)."""
+    Offsets and lengths count elements (bytes for str columns); crc32 is the CRC-32 of the row's bytes."""
     if spec.kind == "str":
         parts = [value.encode() for value in values]
         data = b"".join(parts)
@@ -128,15 +133,29 @@ def pack_blob(spec: ColumnSpec, values: list, blob_id: int) -> tuple[bytes, np.n
         lengths = np.fromiter((len(v) for v in values), np.int64, len(values))
         joined = np.concatenate(values) if values else np.zeros(0, spec.dtype)
         data = joined.astype(spec.dtype.newbyteorder("<"), copy=False).tobytes()
-    refs = np.empty((len(values), 3), np.int64)
+    refs = np.empty((len(values), len(REF_FIELDS)), np.int64)
     refs[:, 0] = blob_id
     refs[:, 2] = lengths
     refs[:, 1] = np.cumsum(lengths) - lengths
+    itemsize = 1 if spec.kind == "str" else spec.dtype.itemsize
+    view = memoryview(data)
+    refs[:, 3] = [zlib.crc32(view[o * itemsize:(o + n) * itemsize]) for o, n in refs[:, 1:3].tolist()]
     return data, refs
 
 
+def corrupted_rows(spec: ColumnSpec, raw: bytes, refs: np.ndarray) -> np.ndarray:
+    """Positions (into ``refs`` [rows, 4], offsets relative to ``raw``) of the rows whose bytes in ``raw`` do not
+    have the CRC-32 their reference recorded, or that reach past its end."""
+    itemsize = 1 if spec.kind == "str" else spec.dtype.itemsize
+    view = memoryview(raw)
+    bad = [position for position, (offset, length, crc) in enumerate(refs[:, 1:4].tolist())
+           if (offset + length) * itemsize > len(raw)
+           or zlib.crc32(view[offset * itemsize:(offset + length) * itemsize]) != crc]
+    return np.asarray(bad, np.int64)
+
+
 def unpack_rows(spec: ColumnSpec, blob: np.ndarray | bytes, refs: np.ndarray) -> list:
-    """Row values from one blob given their refs [rows, 3]."""
+    """Row values from one blob given their refs [rows, 4]."""
     if spec.kind == "str":
-        return [bytes(blob[o : o + n]).decode() for o, n in refs[:, 1:].tolist()]
-    return [blob[o : o + n] for o, n in refs[:, 1:].tolist()]
+        return [bytes(blob[o : o + n]).decode() for o, n in refs[:, 1:3].tolist()]
+    return [blob[o : o + n] for o, n in refs[:, 1:3].tolist()]

@@ -6,6 +6,10 @@ ROOT at ``WORKDIR/checkpoints``. ``state`` is a flat ``{name: array}`` dict whos
 Restoring reads every array straight into the *target trainer's* shardings, so a checkpoint written on an
 8-way FSDP mesh restores onto a 2x2 FSDP x TP mesh (or one device) without a gather on the host.
 `restore_policy` reads only the policy parameters, without a trainer or its optimizer state (export).
+
+Integrity: every save ends with a manifest of the CRC-32 of each file of its step (`checkpoint_integrity`), and
+every restore verifies it first, so a step whose bytes changed on disk, or whose save never finished, raises
+`CheckpointCorrupted` instead of restoring wrong numbers.
 """
 
 from __future__ import annotations
@@ -24,6 +28,7 @@ from flax import nnx
 from flexmarl_jax import faults
 from flexmarl_jax.models.config import ModelConfig
 from flexmarl_jax.models.functional import abstract_model
+from flexmarl_jax.train import checkpoint_integrity
 from flexmarl_jax.train.trainer import AgentTrainer
 
 logger = logging.getLogger(__name__)
@@ -70,6 +75,16 @@ def _manager(directory: str | os.PathLike, max_to_keep: int | None = None) -> oc
                                  item_names=("state", "meta"))
 
 
+def step_directory(directory: str | os.PathLike, policy_version: int) -> str:
+    """Where Orbax keeps one agent's checkpoint of ``policy_version`` (CheckpointManager's default step names)."""
+    return os.path.join(os.path.abspath(os.fspath(directory)), str(int(policy_version)))
+
+
+def verify_checkpoint(directory: str | os.PathLike, policy_version: int) -> None:
+    """Raises CheckpointCorrupted unless the agent's checkpoint of ``policy_version`` matches its manifest."""
+    checkpoint_integrity.verify(step_directory(directory, policy_version))
+
+
 def save_trainer(trainer: AgentTrainer, directory: str | os.PathLike, *, max_to_keep: int | None = None) -> int:
     """Writes the trainer's state under ``directory/<policy_version>``; returns that version.
 
@@ -83,22 +98,28 @@ def save_trainer(trainer: AgentTrainer, directory: str | os.PathLike, *, max_to_
         manager.save(step, args=ocp.args.Composite(state=ocp.args.StandardSave(flat),
                                                    meta=ocp.args.JsonSave(_meta(trainer))), force=True)
         manager.wait_until_finished()
+    # Written once Orbax has finalized the step: a step with a manifest is complete (checkpoint_integrity).
+    checkpoint_integrity.write_manifest(step_directory(directory, step))
     logger.info("saved agent %r policy_version %d to %s", trainer.agent, step, directory)
     return step
 
 
 def restore_trainer(trainer: AgentTrainer, directory: str | os.PathLike,
-                    policy_version: int | None = None) -> int:
+                    policy_version: int | None = None, *, verify: bool = True) -> int:
     """Loads a checkpoint into ``trainer`` (on the trainer's own mesh); returns the restored version.
 
     ``policy_version=None`` takes the latest. The checkpoint must come from the same agent, model and
-    loss (the optimizer state must match the trainer's optimizer); the mesh may differ.
+    loss (the optimizer state must match the trainer's optimizer); the mesh may differ. Its files are verified
+    against its manifest first (CheckpointCorrupted); ``verify=False`` only for a caller that has just verified
+    this step itself (a resume, which verifies every agent's step before choosing the version to restore).
     """
     with _manager(directory) as manager:
         step = manager.latest_step() if policy_version is None else int(policy_version)
         if step is None or step not in manager.all_steps():
             raise FileNotFoundError(f"no checkpoint for policy_version={policy_version} under {directory}; "
                                     f"available: {sorted(manager.all_steps())}")
+        if verify:
+            verify_checkpoint(directory, step)
         meta = manager.restore(step, args=ocp.args.Composite(meta=ocp.args.JsonRestore()))["meta"]
         expected = json.loads(json.dumps(_meta(trainer)))
         for field in ("agent", "model_config", "loss", "optimizer"):
@@ -159,7 +180,8 @@ def restore_policy(directory: str | os.PathLike, policy_version: int | None = No
     """Reads only the policy parameters of one agent's checkpoint onto one device (default: the first CPU).
 
     Builds no trainer and reads no optimizer state, so exporting a model needs memory for its parameters
-    only. ``policy_version=None`` takes the latest. The arrays keep the dtype they were saved in.
+    only. ``policy_version=None`` takes the latest. The arrays keep the dtype they were saved in. The step is
+    verified against its manifest first (CheckpointCorrupted).
     """
     directory = os.path.abspath(os.fspath(directory))
     versions = checkpoint_versions(directory)
@@ -167,6 +189,7 @@ def restore_policy(directory: str | os.PathLike, policy_version: int | None = No
     if step is None or step not in versions:
         raise FileNotFoundError(f"no checkpoint for policy_version={policy_version} under {directory}; "
                                 f"available: {versions}")
+    verify_checkpoint(directory, step)
     sharding = jax.sharding.SingleDeviceSharding(device if device is not None else jax.devices("cpu")[0])
     with _reader(directory) as manager:
         meta = manager.restore(step, args=ocp.args.Composite(meta=ocp.args.JsonRestore()))["meta"]

@@ -179,3 +179,17 @@ def test_eval_records_are_their_own_kind(tmp_path):
     assert scalars["agent/solver/eval_accuracy"] == {0: pytest.approx(0.1), 3: pytest.approx(0.4)}
     # An eval record adds only its eval metrics: policy_version/solver keeps one value per trained iteration.
     assert sorted(scalars["policy_version/solver"]) == [0, 1, 2]
+
+
+def test_forget_from_removes_the_records_of_redone_iterations_and_of_discarded_policies(tmp_path):
+    from flexmarl_jax.metrics import MetricsWriter, read_metrics
+
+    writer = MetricsWriter(tmp_path, tensorboard=False)
+    for step in range(3):
+        writer.write({"iteration": step, "team_accuracy": 0.1 * step})
+        writer.write({"kind": "eval", "iteration": step + 1, "eval": {"greedy_accuracy": 0.5}})
+    assert writer.forget_from(2) == 2  # iteration 2 is redone; the eval of version 3 evaluated its update
+    assert [(r.get("kind", "iteration"), r["iteration"]) for r in read_metrics(tmp_path)] == [
+        ("iteration", 0), ("eval", 1), ("iteration", 1), ("eval", 2)]
+    assert writer.write({"iteration": 2, "team_accuracy": 0.9})  # the redone iteration's record is written
+    assert MetricsWriter(tmp_path, tensorboard=False).has_iteration(2)

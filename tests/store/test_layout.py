@@ -1,6 +1,7 @@
 """The documented on-disk layout (docs/store.md) read back with plain TensorStore matches the store."""
 
 import json
+import zlib
 
 import numpy as np
 import tensorstore as ts
@@ -43,9 +44,11 @@ def test_plain_tensorstore_reads_every_column_as_documented(tmp_path):
 
     def by_reference(name, dtype):
         values = []
-        for blob_id, offset, length in column(name)[:row_count].read().result().tolist():
+        for blob_id, offset, length, crc32 in column(name)[:row_count].read().result().tolist():
             blob = kv.read(f"tables/solver/blobs/{name}/{blob_id:012d}").result().value if blob_id else b""
-            values.append(np.frombuffer(blob, dtype)[offset : offset + length])
+            value = np.frombuffer(blob, dtype)[offset : offset + length]
+            assert zlib.crc32(value.tobytes()) == crc32  # each value carries the CRC-32 of its bytes
+            values.append(value)
         return values
 
     assert [bytes(v).decode() for v in by_reference("sample_id", "u1")] == [

@@ -466,3 +466,27 @@ def test_values_of_rows_joining_a_dropped_group_are_freed_like_a_drop():
     store.set_columns("solver", ["q0_0_2"], {"response_tokens": [[4]]})  # a late value of a dropped row
     assert store.read_rows("solver", ["q0_0_2"], columns=["response_tokens"])["response_tokens"] == [None]
     assert _blob_keys(store, "response_tokens") == []
+
+
+@pytest.mark.parametrize("backend", ["memory", "file"])
+def test_drop_rows_turns_whole_consumed_or_ready_groups_dropped(tmp_path, backend):
+    store = ExperienceStore.open(tmp_path, agents=AGENTS, backend=backend)
+    for i in range(4):
+        append_group(store, f"q{i}", 2)
+    store.mark_consumed(store.claim_micro_batch("solver", 4, current_versions=0))  # q0, q1 consumed
+    held = store.claim_micro_batch("solver", 2, current_versions=0)  # q2 claimed
+    with pytest.raises(ValueError, match="'q2_0_0' of 'solver' is claimed"):
+        store.drop_rows("solver", ["q2_0_0"])
+    # A discarded update's rows: q1 consumed (named by one row: the whole group goes), q3 READY; an id the
+    # store does not hold (a memory store after a restart) is skipped.
+    assert store.drop_rows("solver", ["q1_0_0", "q3_0_0", "q3_0_1", "gone_0_0"]) == 4
+    assert store.drop_rows("solver", ["q1_0_0"]) == 0 and store.drop_rows("solver", []) == 0  # idempotent
+    assert store.counters("solver") == {"pending": 0, "ready": 0, "claimed": 2, "consumed": 2, "dropped": 4,
+                                        "total": 8}
+    store.release(held)
+    store.close()
+    if backend == "file":
+        reopened = ExperienceStore.open(tmp_path, backend="file", must_exist=True)
+        assert reopened.row_states("solver", ["q0_0_0", "q1_0_1", "q3_0_0"]) == [
+            RowState.CONSUMED, RowState.DROPPED, RowState.DROPPED]
+        assert reopened.claim_micro_batch("solver", 4, allow_partial=True, current_versions=0).group_ids == ("q2_0",)
