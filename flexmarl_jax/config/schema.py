@@ -346,6 +346,50 @@ class RunControlConfig(Section):
                                     help="a stop asked for by a signal ends the process within this many seconds")
 
 
+def _coordinator_address_rule(address: str) -> str | None:
+    """"" (auto-detected on Cloud TPU), or HOST:PORT with a port number."""
+    if not address:
+        return None
+    host, _, port = address.rpartition(":")
+    if host and port.isdigit() and 0 < int(port) < 65536:
+        return None
+    return "must be HOST:PORT (e.g. 10.0.0.2:8476) or \"\" to auto-detect it on Cloud TPU"
+
+
+@_frozen
+class DistributedConfig(Section):
+    """Several processes, one per host, joined by JAX's distributed runtime (`config.distributed`;
+    flexmarl_jax/distributed/). The defaults mean one process."""
+
+    enabled: bool = setting(False, help="join the other processes with jax.distributed.initialize before "
+                            "anything runs; False = a single process")
+    coordinator_address: str = setting("", rule=_coordinator_address_rule,
+                                       help="HOST:PORT of process 0's coordinator service; \"\" = auto-detected "
+                                       "(Cloud TPU, SLURM, ...)")
+    num_processes: int = setting(0, rule=at_least_zero, help="processes in the run; 0 = auto-detected")
+    process_id: int = setting(-1, rule=lambda i: None if i >= -1 else "must be >= 0, or -1 to auto-detect it",
+                              help="this process's index in 0..num_processes-1; -1 = auto-detected")
+    init_timeout_s: float = setting(300.0, rule=above_zero,
+                                    help="the coordinator must answer, and every process join, within this many "
+                                    "seconds, else the run stops with an error naming what is missing")
+    heartbeat_timeout_s: float = setting(30.0, rule=above_zero,
+                                         help="a process that misses heartbeats this long counts as lost: the "
+                                         "others stop (JAX's runtime default is 100 s)")
+
+    def check(self, path: str) -> None:
+        explicit = (self.coordinator_address != "", self.num_processes > 0, self.process_id >= 0)
+        if any(explicit) and not all(explicit):
+            raise ConfigError(f"config.{path}: coordinator_address={self.coordinator_address!r}, "
+                              f"num_processes={self.num_processes} and process_id={self.process_id} are set "
+                              "together (all three) or left to auto-detection (\"\", 0, -1)")
+        if all(explicit) and self.process_id >= self.num_processes:
+            raise ConfigError(f"config.{path}.process_id={self.process_id} must be below "
+                              f"{path}.num_processes={self.num_processes}")
+        if any(explicit) and not self.enabled:
+            raise ConfigError(f"config.{path}.coordinator_address={self.coordinator_address!r} is set but "
+                              f"{path}.enabled=False; set {path}.enabled=True to run several processes")
+
+
 @_frozen
 class RunConfig(Section):
     """A whole run. Built from a ConfigDict by `from_config`; every construction checks every rule."""
@@ -362,6 +406,8 @@ class RunConfig(Section):
     pipeline: PipelineConfig = setting(factory=PipelineConfig, help="how rollout and training overlap")
     eval: EvalConfig = setting(factory=EvalConfig, help="held-out evaluation")
     run: RunControlConfig = setting(factory=RunControlConfig, help="hang detection and stopping")
+    distributed: DistributedConfig = setting(factory=DistributedConfig,
+                                             help="several processes (hosts) in one run; default one process")
 
     def __post_init__(self) -> None:
         super().__post_init__()
