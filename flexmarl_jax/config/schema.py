@@ -390,12 +390,23 @@ class DistributedConfig(Section):
                               f"{path}.enabled=False; set {path}.enabled=True to run several processes")
 
 
+def _workdir_rule(workdir: str) -> str | None:
+    if not workdir:
+        return "must not be empty"
+    scheme = workdir.split("://", 1)[0] if "://" in workdir else ""
+    if scheme and scheme not in ("gs", "s3"):
+        return f"has scheme {scheme}://; allowed: a path, file:///ABS/PATH, gs://bucket/path"
+    return None
+
+
 @_frozen
 class RunConfig(Section):
     """A whole run. Built from a ConfigDict by `from_config`; every construction checks every rule."""
 
     seed: int = setting(0, help="one seed drives task generation, parameter init, sampling and shuffling")
-    workdir: str = setting("runs/tiny", help="metrics.jsonl, plots, checkpoints and the store live here")
+    workdir: str = setting("runs/tiny", rule=_workdir_rule,
+                           help="metrics.jsonl, plots, checkpoints and the store live here: a path, file:///ABS/PATH "
+                           "or gs://bucket/path (flexmarl_jax/workdir_paths.py); a file:// URL becomes its path")
     iterations: int = setting(120, rule=positive, help="RL iterations (one policy update per agent each)")
     agents: Mapping[str, AgentConfig] = setting(factory=_chain_agents, help="agent name -> its settings")
     workflow: WorkflowConfig = setting(factory=WorkflowConfig, help="the workflow, its roles and its task")
@@ -411,6 +422,12 @@ class RunConfig(Section):
 
     def __post_init__(self) -> None:
         super().__post_init__()
+        from flexmarl_jax.workdir_paths import BadLocation, normalize
+
+        try:  # everything below sees a plain local path or a remote URL (epath does not take file://)
+            object.__setattr__(self, "workdir", normalize(self.workdir))
+        except BadLocation as error:
+            raise ConfigError(f"config.workdir={self.workdir!r}: {error}") from None
         check_section(self, "")
 
     @classmethod

@@ -14,7 +14,9 @@ is redone from the previous checkpoint; the first attempt's rows are dropped). T
 - `stops.jsonl`: one line per run that ended early (a stall, a signal, an error): why, when, at which
   iteration; what `flexmarl train` on the workdir will resume from. Informational: resuming never needs it.
 
-Every file is written atomically (a temporary file, then `os.replace`).
+Every file is written atomically (a temporary file, then `os.replace`; one object write on an object store),
+through the workdir path layer (`flexmarl_jax/workdir_paths.py`), so a `gs://` workdir journals too. In a run of
+several processes only process 0 keeps the journal (docs/architecture.md, "One writer per file").
 """
 
 from __future__ import annotations
@@ -24,6 +26,10 @@ import logging
 import os
 import time
 
+from etils import epath
+
+from flexmarl_jax import workdir_paths
+
 logger = logging.getLogger(__name__)
 
 PENDING_RECORD = "pending_record.json"
@@ -32,18 +38,16 @@ ATTEMPTS = "attempts.json"
 STOPS = "stops.jsonl"
 
 
-def read_json(path: str):
+def read_json(path: str | epath.Path):
     """The JSON value in `path`, or None when there is no such file."""
-    if not os.path.isfile(path):
+    path = epath.Path(path)
+    if not path.is_file():
         return None
-    with open(path) as handle:
-        return json.load(handle)
+    return json.loads(path.read_text())
 
 
-def write_json_atomically(path: str, payload) -> None:
-    with open(path + ".tmp", "w") as handle:
-        json.dump(payload, handle)
-    os.replace(path + ".tmp", path)
+def write_json_atomically(path: str | epath.Path, payload) -> None:
+    workdir_paths.write_atomically(epath.Path(path), json.dumps(payload))
 
 
 class RunJournal:
@@ -52,8 +56,8 @@ class RunJournal:
     def __init__(self, workdir: str):
         self.workdir = workdir
 
-    def _path(self, name: str) -> str:
-        return os.path.join(self.workdir, name)
+    def _path(self, name: str) -> epath.Path:
+        return workdir_paths.path(self.workdir, name)
 
     # --------------------------------------------------------------------------- during an iteration
     def begin_attempt(self, iteration: int) -> int:
@@ -72,25 +76,21 @@ class RunJournal:
     def iteration_logged(self) -> None:
         """The iteration's metrics line is written and its rows are consumed: nothing is pending any more."""
         for name in (PENDING_RECORD, PENDING_TRAINED):
-            os.remove(self._path(name))
+            self._path(name).unlink()
 
     def record_stop(self, reason: str, *, iteration: int | None, detail: str) -> None:
         """Marks that the run ends early (`reason`: stalled, signal, error); one appended line, flushed to disk,
         since the process may be about to exit hard."""
         line = json.dumps({"time": time.time(), "reason": reason, "iteration": iteration, "detail": detail,
                            "pid": os.getpid()})
-        with open(self._path(STOPS), "a") as handle:
-            handle.write(line + "\n")
-            handle.flush()
-            os.fsync(handle.fileno())
+        workdir_paths.append_line(self._path(STOPS), line + "\n")
 
     def stops(self) -> list[dict]:
         """Every stop recorded so far, oldest first."""
         path = self._path(STOPS)
-        if not os.path.isfile(path):
+        if not path.is_file():
             return []
-        with open(path) as handle:
-            return [json.loads(line) for line in handle if line.endswith("\n")]
+        return [json.loads(line) for line in path.read_text().splitlines(keepends=True) if line.endswith("\n")]
 
     # ------------------------------------------------------------------------------------- on resume
     def settle(self, store, writer, start: int) -> None:
@@ -104,7 +104,7 @@ class RunJournal:
         if record is not None:
             if record["iteration"] < start:
                 writer.write(record)
-            os.remove(self._path(PENDING_RECORD))
+            self._path(PENDING_RECORD).unlink()
         pending = read_json(self._path(PENDING_TRAINED))
         if pending is not None:
             if pending["iteration"] < start:
@@ -112,4 +112,4 @@ class RunJournal:
                 if settled:
                     logger.info("marked %d rows of checkpointed iteration %d consumed", settled,
                                 pending["iteration"])
-            os.remove(self._path(PENDING_TRAINED))
+            self._path(PENDING_TRAINED).unlink()

@@ -14,13 +14,12 @@ and SIGINT stop it at a consistent point (`stop_signals`). Every early end is re
 from __future__ import annotations
 
 import logging
-import os
 import sys
 import time
 from collections.abc import Mapping
 from typing import NamedTuple
 
-from flexmarl_jax import faults, metrics
+from flexmarl_jax import faults, metrics, workdir_paths
 from flexmarl_jax.config import ConfigError, RunConfig
 from flexmarl_jax.orchestrator.agents import (
     AgentRuntime,
@@ -46,6 +45,8 @@ from flexmarl_jax.store import ExperienceStore
 from flexmarl_jax.train.algorithms import loss_config_for
 from flexmarl_jax.train.checkpoint import CHECKPOINT_DIR, restore_trainer, save_all
 from flexmarl_jax.transfer import StateStore
+from flexmarl_jax.workdir_paths import orbax_directory
+from flexmarl_jax.workdir_paths import path as workdir_path
 from flexmarl_jax.workflows import Task, Workflow
 from flexmarl_jax.workflows.from_config import team_agents
 from flexmarl_jax.workflows.splits import EVAL_PROBLEMS_SEED
@@ -103,12 +104,12 @@ def build_orchestrator(config: RunConfig, *, timeline: metrics.Timeline | None =
                                         agent: slice_meshes[index % train_slices]
                                         for index, agent in enumerate(agents)})
     workflow, task = checked.workflow, checked.task
-    common = _prepare_resume(os.path.join(config.workdir, CHECKPOINT_DIR), agents) if resume else None
+    common = _prepare_resume(orbax_directory(config.workdir, CHECKPOINT_DIR), agents) if resume else None
     start = _restore_or_warm_up(config, runtimes, common, workflow, task)
     if timeline is None:
-        saved = os.path.join(config.workdir, metrics.TIMELINE_FILENAME)
+        saved = workdir_path(config.workdir, metrics.TIMELINE_FILENAME)
         # A resumed run keeps recording on its old timeline, so the plots cover the whole run.
-        timeline = metrics.Timeline.load(saved) if common is not None and os.path.isfile(saved) else metrics.Timeline()
+        timeline = metrics.Timeline.load(saved) if common is not None and saved.is_file() else metrics.Timeline()
     store = ExperienceStore.open(config.workdir, agents=agents, backend=config.store.backend)
     runtimes, rollout = start_engines(config, runtimes, timeline)
     beacon = beacon or ProgressBeacon()
@@ -139,7 +140,7 @@ def _build_emulated(config: RunConfig, checked: Preflight, timeline: metrics.Tim
     from flexmarl_jax.orchestrator import emulated_setup as emulated
 
     emulation = emulated.Emulation.from_config(config)
-    os.makedirs(config.workdir, exist_ok=True)  # the journal's files (below) live there
+    workdir_path(config.workdir).mkdir(parents=True, exist_ok=True)  # the journal's files (below) live there
     timeline = metrics.Timeline() if timeline is None else timeline
     runtimes = emulated.build_emulated_runtimes(config, emulation, checked.sources, clock=timeline.now)
     store = ExperienceStore.open(config.workdir, agents=team_agents(config.workflow), backend=config.store.backend)
@@ -165,12 +166,12 @@ def _restore_or_warm_up(config: RunConfig, runtimes: Mapping[str, AgentRuntime],
     restored at that version. Otherwise, with `workflow.warmup_steps`, every agent takes its supervised
     warm-up of kind `workflow.warmup` on training problems (saved as the checkpoint of version 0)."""
     trainers = trainers_of(runtimes)
-    checkpoint_root = os.path.join(config.workdir, CHECKPOINT_DIR)
+    checkpoint_root = orbax_directory(config.workdir, CHECKPOINT_DIR)
     if common is not None:
         # Agents are saved one after another; a run killed in between leaves some agents one version
         # ahead. Restore every agent at the newest version that all of them completed.
         for agent, trainer in trainers.items():
-            restore_trainer(trainer, os.path.join(checkpoint_root, agent), policy_version=common)
+            restore_trainer(trainer, checkpoint_root / agent, policy_version=common)
         logger.info("resumed from %s at policy version %d", checkpoint_root, common)
         return common
     if config.workflow.warmup_steps > 0:
@@ -188,7 +189,7 @@ def _checkpoint(trainers, workdir: str, journal: RunJournal, record: dict, train
     """After an iteration's update: the journal keeps its record and trained sample ids, then every agent's
     state is saved (the journal's invariant: this precedes `mark_consumed`)."""
     journal.before_checkpoint(metrics.to_jsonable(record), trained)
-    save_all(trainers, os.path.join(workdir, CHECKPOINT_DIR), max_to_keep=2)
+    save_all(trainers, orbax_directory(workdir, CHECKPOINT_DIR), max_to_keep=2)
 
 
 def _checkpoint_steps(root: str, agents) -> dict[str, set[int]] | None:
@@ -197,8 +198,8 @@ def _checkpoint_steps(root: str, agents) -> dict[str, set[int]] | None:
 
     steps = {}
     for agent in agents:
-        directory = os.path.abspath(os.path.join(root, agent))
-        if not os.path.isdir(directory):
+        directory = orbax_directory(root, agent)
+        if not directory.is_dir():
             return None
         with ocp.CheckpointManager(directory) as manager:
             steps[agent] = set(manager.all_steps())
@@ -221,7 +222,7 @@ def _prepare_resume(root: str, agents) -> int | None:
     for agent in agents:
         newer = sorted(step for step in steps[agent] if step > newest)
         if newer:
-            with ocp.CheckpointManager(os.path.abspath(os.path.join(root, agent))) as manager:
+            with ocp.CheckpointManager(orbax_directory(root, agent)) as manager:
                 for step in newer:
                     manager.delete(step)
     return newest
@@ -294,8 +295,8 @@ def run_training(config: RunConfig, *, workdir_locked: bool = False, gantt_itera
 def _run_locked(config: RunConfig, gantt_iterations: int | None) -> int:
     checked = preflight(config)  # models, prompts and memory checked before anything else is written
     workdir = config.workdir
-    with open(os.path.join(workdir, "config.json"), "w") as handle:
-        handle.write(config.to_json(indent=1))  # the typed config, every field (RunConfig.to_dict)
+    # The typed config, every field (RunConfig.to_dict).
+    workdir_paths.write_atomically(workdir_path(workdir, "config.json"), config.to_json(indent=1))
     started = time.monotonic()
     journal = RunJournal(workdir)
     for stop in journal.stops()[-1:]:
@@ -386,6 +387,6 @@ def _run_locked(config: RunConfig, gantt_iterations: int | None) -> int:
     from flexmarl_jax.metrics import plots
 
     paths = plots.plot_all(workdir, timeline, gantt_iterations=gantt_iterations)
-    print(f"run finished in {time.monotonic() - started:.1f}s; metrics: {os.path.join(workdir, 'metrics.jsonl')}; "
+    print(f"run finished in {time.monotonic() - started:.1f}s; metrics: {workdir_path(workdir, 'metrics.jsonl')}; "
           f"plots: {', '.join(str(p) for p in paths)}")
     return 0

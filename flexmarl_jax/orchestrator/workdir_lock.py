@@ -20,6 +20,8 @@ import socket
 import sys
 import time
 
+from flexmarl_jax.workdir_paths import is_local
+
 logger = logging.getLogger(__name__)
 
 LOCK_FILE = "run.lock"
@@ -54,7 +56,12 @@ class WorkdirLock:
 
     def acquire(self) -> WorkdirLock:
         """Creates the workdir if needed (the only thing written before the lock is held; `release` removes it
-        again when the run wrote nothing else)."""
+        again when the run wrote nothing else). An object-store workdir (gs://) has no locks: a warning says
+        that one run per workdir is then the launcher's to keep."""
+        if not is_local(self.workdir):
+            logger.warning("workdir %s is on an object store, which has no file locks: make sure one run at a "
+                           "time uses it", self.workdir)
+            return self
         self._created = _missing_directories(self.workdir)
         os.makedirs(self.workdir, exist_ok=True)
         handle = open(self.path, "a+")  # noqa: SIM115 - held open for the life of the lock

@@ -14,13 +14,13 @@ All keys below are inside one kvstore: the TensorStore ``memory`` driver, or an 
 from __future__ import annotations
 
 import json
-import os
 
 import numpy as np
 import tensorstore as ts
 
 from flexmarl_jax.store.backends import STORE_BACKENDS
 from flexmarl_jax.store.schema import VERSION_PREFIX, ColumnSpec
+from flexmarl_jax.workdir_paths import kvstore_url
 
 MAX_ROWS = 2**40  # arrays are sparse: unwritten chunks cost nothing
 STORE_DIRNAME = "store"
@@ -30,10 +30,7 @@ BACKENDS = STORE_BACKENDS
 
 def store_url(workdir: str) -> str:
     """The kvstore URL of a workdir's store: ``WORKDIR/store/`` (a local path or ``gs://bucket/path``)."""
-    workdir = str(workdir)
-    if "://" in workdir:
-        return workdir.rstrip("/") + f"/{STORE_DIRNAME}/"
-    return "file://" + os.path.abspath(os.path.join(workdir, STORE_DIRNAME)) + "/"
+    return kvstore_url(workdir, STORE_DIRNAME)
 
 
 def base_kvstore_spec(workdir: str | None, backend: str) -> dict:
