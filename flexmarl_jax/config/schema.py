@@ -390,6 +390,14 @@ class DistributedConfig(Section):
                               f"{path}.enabled=False; set {path}.enabled=True to run several processes")
 
 
+def check_instances_per_process(instances_per_agent: int, processes: int) -> None:
+    """Each process rolls out every agent on its own instances: instances_per_agent must be a multiple of the
+    process count (0 = not known yet: checked again once the processes joined)."""
+    if processes and instances_per_agent % processes:
+        raise ConfigError(f"config.rollout.instances_per_agent={instances_per_agent} must be a multiple of the "
+                          f"{processes} processes: each process serves every agent on instances of its own")
+
+
 def _workdir_rule(workdir: str) -> str | None:
     if not workdir:
         return "must not be empty"
@@ -471,9 +479,25 @@ class RunConfig(Section):
         if self.pipeline.emulate_median_response > self.rollout.max_response_length:
             raise ConfigError(f"config.pipeline.emulate_median_response={self.pipeline.emulate_median_response} "
                               f"exceeds rollout.max_response_length={self.rollout.max_response_length}")
+        self._check_distributed()
         if not 0 <= self.mesh.train_slices <= len(self.agents):
             raise ConfigError(f"config.mesh.train_slices={self.mesh.train_slices} must be in 0..{len(self.agents)} "
                               "(the number of agents; 0 = a dedicated training slice per agent)")
+
+    def _check_distributed(self) -> None:
+        """Several processes replay one deterministic rollout each, on their own instances of every agent, and
+        meet in the training meshes (docs/architecture.md, "Several hosts")."""
+        distributed = self.distributed
+        if not distributed.enabled:
+            return
+        if not self.pipeline.deterministic:
+            raise ConfigError("config.distributed.enabled=True needs pipeline.deterministic=True: every process "
+                              "rolls out the same queries and must cut the same micro-batches")
+        if self.pipeline.mode == "serial" or self.mesh.colocate or self.pipeline.emulate:
+            raise ConfigError(f"config.distributed.enabled=True needs disaggregated devices (pipeline.mode sync or "
+                              f"flexmarl, mesh.colocate=False, no pipeline.emulate); got pipeline.mode="
+                              f"{self.pipeline.mode!r}, mesh.colocate={self.mesh.colocate}")
+        check_instances_per_process(self.rollout.instances_per_agent, distributed.num_processes)
 
     def to_json(self, indent: int | None = 1) -> str:
         return json.dumps(self.to_dict(), indent=indent)

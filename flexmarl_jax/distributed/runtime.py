@@ -58,6 +58,10 @@ def join_processes(settings: DistributedConfig) -> Processes:
         # Before any backend starts (asking for the platform would start one): gloo carries the CPU devices'
         # collectives between processes; it changes nothing for TPU or GPU devices.
         jax.config.update("jax_cpu_collectives_implementation", "gloo")
+        # JAX's CPU client may run two independent computations at once; two spanning ones would then exchange
+        # their collectives in either order, differently on each process (measured: a warm-up's two log-prob
+        # passes aborted gloo with "collective mismatch"). Synchronous dispatch runs them in issue order.
+        jax.config.update("jax_cpu_enable_async_dispatch", False)
         explicit = settings.coordinator_address != ""
         try:
             jax.distributed.initialize(

@@ -77,22 +77,27 @@ class MetricsWriter:
     Args:
       workdir: run directory (created if missing).
       tensorboard: also write TensorBoard scalars (flattened tags like `agent/solver/reward`).
+      persist: write the files (process 0 of a run); False keeps the records in memory only, reading what the
+        file holds already (the other processes of a run: one writer per file).
 
     Each record must hold an integer `iteration`. Nested dicts are kept nested in the JSONL and flattened
     to `/`-joined tags in TensorBoard (an eval record contributes its eval metrics only, at step `iteration`);
     numpy / JAX scalars and arrays are converted; NaN/inf become null.
     """
 
-    def __init__(self, workdir: str | os.PathLike[str], *, tensorboard: bool = True):
+    def __init__(self, workdir: str | os.PathLike[str], *, tensorboard: bool = True, persist: bool = True):
         self.workdir = workdir_paths.path(workdir)
-        self.workdir.mkdir(parents=True, exist_ok=True)
+        self.persist = persist
+        if persist:
+            self.workdir.mkdir(parents=True, exist_ok=True)
         self.path = self.workdir / METRICS_FILENAME
         self._lock = threading.Lock()
-        self._repair_torn_tail()
+        if persist:
+            self._repair_torn_tail()
         self.records: list[dict[str, Any]] = read_metrics(self.path)
         self._written = {(record_kind(record), record.get("iteration")) for record in self.records}
         self._tensorboard = None
-        if tensorboard and workdir_paths.is_local(os.fspath(self.workdir)):
+        if tensorboard and persist and workdir_paths.is_local(os.fspath(self.workdir)):
             from tensorboardX import SummaryWriter  # lazy: importing it costs ~0.5 s
 
             self._tensorboard = SummaryWriter(logdir=str(self.workdir / TENSORBOARD_DIRNAME), flush_secs=10)
@@ -126,7 +131,8 @@ class MetricsWriter:
                     "%s metrics for iteration %d already in %s; not writing them again", kind, iteration, self.path
                 )
                 return False
-            workdir_paths.append_line(self.path, line)
+            if self.persist:
+                workdir_paths.append_line(self.path, line)
             self._written.add((kind, iteration))
             self.records.append(plain)
             if self._tensorboard is not None:

@@ -53,8 +53,10 @@ def write_json_atomically(path: str | epath.Path, payload) -> None:
 class RunJournal:
     """The journal files of one workdir (see the module docstring for the invariant they keep)."""
 
-    def __init__(self, workdir: str):
+    def __init__(self, workdir: str, *, writer: bool = True):
+        """writer: whether this process keeps the journal (process 0 of a run); the others only read it."""
         self.workdir = workdir
+        self.writer = writer
 
     def _path(self, name: str) -> epath.Path:
         return workdir_paths.path(self.workdir, name)
@@ -62,6 +64,9 @@ class RunJournal:
     # --------------------------------------------------------------------------- during an iteration
     def begin_attempt(self, iteration: int) -> int:
         """Records that `iteration` starts; returns how often it was started before."""
+        if not self.writer:
+            raise RuntimeError("only the journal's writer (process 0) records attempts; the others receive its "
+                               "count (run.py broadcasts it)")
         attempts = read_json(self._path(ATTEMPTS)) or {}
         previous = int(attempts.get(str(iteration), 0))
         attempts[str(iteration)] = previous + 1
@@ -70,17 +75,23 @@ class RunJournal:
 
     def before_checkpoint(self, record: dict, trained: dict[str, list[str]]) -> None:
         """Keeps the iteration's trained sample ids and metrics record; call right before its checkpoint."""
+        if not self.writer:
+            return
         write_json_atomically(self._path(PENDING_TRAINED), {"iteration": record["iteration"], "sample_ids": trained})
         write_json_atomically(self._path(PENDING_RECORD), record)
 
     def iteration_logged(self) -> None:
         """The iteration's metrics line is written and its rows are consumed: nothing is pending any more."""
+        if not self.writer:
+            return
         for name in (PENDING_RECORD, PENDING_TRAINED):
             self._path(name).unlink()
 
     def record_stop(self, reason: str, *, iteration: int | None, detail: str) -> None:
         """Marks that the run ends early (`reason`: stalled, signal, error); one appended line, flushed to disk,
         since the process may be about to exit hard."""
+        if not self.writer:
+            return
         line = json.dumps({"time": time.time(), "reason": reason, "iteration": iteration, "detail": detail,
                            "pid": os.getpid()})
         workdir_paths.append_line(self._path(STOPS), line + "\n")
@@ -99,7 +110,10 @@ class RunJournal:
         An iteration before `start` was checkpointed: its record is written if its metrics line was lost,
         and its trained rows are marked consumed if the kill came before `mark_consumed`. A pending
         iteration at or after `start` has no checkpoint: it is redone, so its pending files are discarded.
+        Only the journal's writer settles (the other processes' stores start empty: they redo from `start`).
         """
+        if not self.writer:
+            return
         record = read_json(self._path(PENDING_RECORD))
         if record is not None:
             if record["iteration"] < start:

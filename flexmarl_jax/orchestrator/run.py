@@ -19,8 +19,11 @@ import time
 from collections.abc import Mapping
 from typing import NamedTuple
 
+import jax
+
 from flexmarl_jax import faults, metrics, workdir_paths
 from flexmarl_jax.config import ConfigError, RunConfig
+from flexmarl_jax.distributed.leader import is_leader, leader_value
 from flexmarl_jax.orchestrator.agents import (
     AgentRuntime,
     agent_layout,
@@ -72,7 +75,8 @@ class BuiltRun(NamedTuple):
 def pipeline_settings(config: RunConfig) -> PipelineSettings:
     """The orchestrator's knobs from a config."""
     return PipelineSettings(
-        mode=config.pipeline.mode, async_micro_batches=config.pipeline.async_micro_batches,
+        process_count=jax.process_count(), mode=config.pipeline.mode,
+        async_micro_batches=config.pipeline.async_micro_batches,
         queries_per_iteration=config.workflow.queries_per_iteration,
         samples_per_query=config.workflow.samples_per_query, micro_batch_size=config.train.micro_batch_size,
         max_response_length=config.rollout.max_response_length, max_staleness=config.train.max_staleness,
@@ -110,7 +114,10 @@ def build_orchestrator(config: RunConfig, *, timeline: metrics.Timeline | None =
         saved = workdir_path(config.workdir, metrics.TIMELINE_FILENAME)
         # A resumed run keeps recording on its old timeline, so the plots cover the whole run.
         timeline = metrics.Timeline.load(saved) if common is not None and saved.is_file() else metrics.Timeline()
-    store = ExperienceStore.open(config.workdir, agents=agents, backend=config.store.backend)
+    # One writer per file: with several processes, process 0 keeps the durable store; the others replay the same
+    # rollout into memory.
+    backend = config.store.backend if is_leader() else "memory"
+    store = ExperienceStore.open(config.workdir, agents=agents, backend=backend)
     runtimes, rollout = start_engines(config, runtimes, timeline)
     beacon = beacon or ProgressBeacon()
     for instance in rollout.instances:
@@ -128,7 +135,7 @@ def build_orchestrator(config: RunConfig, *, timeline: metrics.Timeline | None =
         backend=rollout.backend, sync_weights=sync_weights, aggregation=loss.aggregation,
         estimator=loss.advantage_estimator, timeline=timeline, beacon=beacon,
         on_update_applied=lambda iteration, record, trained: _checkpoint(
-            trainers, config.workdir, RunJournal(config.workdir), record, trained))
+            trainers, config.workdir, RunJournal(config.workdir, writer=is_leader()), record, trained))
     return BuiltRun(orchestrator, runtimes, store, rollout, start)
 
 
@@ -232,7 +239,10 @@ def _begin_attempt(orchestrator: JointOrchestrator, journal: RunJournal, iterati
     """Records that `iteration` starts (in the journal when the store is `durable`). If an earlier attempt
     started it and failed, or an earlier run died, before its update was checkpointed, the store still holds
     that attempt's unapplied rows: drop them and redo it with fresh input ids."""
-    previous = journal.begin_attempt(iteration) if durable else orchestrator.attempts.get(iteration, -1) + 1
+    if durable:  # several processes: process 0 keeps the journal and tells the others
+        previous = leader_value(journal.begin_attempt(iteration) if journal.writer else 0)
+    else:
+        previous = orchestrator.attempts.get(iteration, -1) + 1
     orchestrator.attempts[iteration] = previous
     if previous:
         dropped = orchestrator.prepare_retry(iteration, previous)
@@ -295,10 +305,11 @@ def run_training(config: RunConfig, *, workdir_locked: bool = False, gantt_itera
 def _run_locked(config: RunConfig, gantt_iterations: int | None) -> int:
     checked = preflight(config)  # models, prompts and memory checked before anything else is written
     workdir = config.workdir
-    # The typed config, every field (RunConfig.to_dict).
-    workdir_paths.write_atomically(workdir_path(workdir, "config.json"), config.to_json(indent=1))
+    leader = is_leader()  # one writer per file: process 0 writes the run's own files
+    if leader:  # the typed config, every field (RunConfig.to_dict)
+        workdir_paths.write_atomically(workdir_path(workdir, "config.json"), config.to_json(indent=1))
     started = time.monotonic()
-    journal = RunJournal(workdir)
+    journal = RunJournal(workdir, writer=leader)
     for stop in journal.stops()[-1:]:
         logger.warning("the previous run on this workdir stopped early (%s at iteration %s: %s); resuming",
                        stop["reason"], stop["iteration"], stop["detail"])
@@ -306,7 +317,7 @@ def _run_locked(config: RunConfig, gantt_iterations: int | None) -> int:
     orchestrator, _agents, store, rollout, start = build_orchestrator(config, checked=checked, beacon=beacon)
     timeline = orchestrator.timeline
     orchestrator.set_horizon(config.iterations)
-    writer = metrics.MetricsWriter(workdir)
+    writer = metrics.MetricsWriter(workdir, persist=leader)
     journal.settle(store, writer, start)
     evaluator = build_evaluator(config, orchestrator)
     current = {"iteration": start}
@@ -352,7 +363,8 @@ def _run_locked(config: RunConfig, gantt_iterations: int | None) -> int:
                 record = run_with_one_retry(orchestrator, iteration, attempt)
                 writer.write(record)
                 journal.iteration_logged()
-                timeline.save(workdir)
+                if leader:
+                    timeline.save(workdir)
                 progress.advance(record)
                 current["iteration"] = iteration + 1
                 if not signals.requested.is_set():
@@ -384,6 +396,10 @@ def _run_locked(config: RunConfig, gantt_iterations: int | None) -> int:
         print(f"flexmarl train: stopped by {detail}; {resume_hint}", file=sys.stderr)
         return signals.exit_code
     metrics.print_summary(writer.records)
+    if not leader:
+        print(f"run finished in {time.monotonic() - started:.1f}s (process {jax.process_index()}; process 0 wrote "
+              f"the metrics and plots)")
+        return 0
     from flexmarl_jax.metrics import plots
 
     paths = plots.plot_all(workdir, timeline, gantt_iterations=gantt_iterations)

@@ -71,7 +71,8 @@ def test_flexmarl_train_with_an_unreachable_coordinator_fails_in_one_line_within
     code = main(["train", "--config=configs/tiny.py:smoke", f"--workdir={workdir}",
                  "--config.distributed.enabled=True", f"--config.distributed.coordinator_address=127.0.0.1:{port}",
                  "--config.distributed.num_processes=2", "--config.distributed.process_id=1",
-                 "--config.distributed.init_timeout_s=2"])
+                 "--config.distributed.init_timeout_s=2", "--config.pipeline.deterministic=True",
+                 "--config.rollout.instances_per_agent=2"])
     elapsed = time.monotonic() - started
     error = capsys.readouterr().err.strip().splitlines()
     assert code == 2 and 2.0 <= elapsed < 10.0
@@ -85,3 +86,17 @@ def test_a_config_error_keeps_dataclass_replace_checked():
     with pytest.raises(ConfigError, match=r"process_id=3 must be below distributed.num_processes=2"):
         dataclasses.replace(config, distributed=DistributedConfig(
             enabled=True, coordinator_address="h:1", num_processes=2, process_id=3))
+
+
+@pytest.mark.parametrize(("overrides", "message"), [
+    ({}, r"^config.distributed.enabled=True needs pipeline.deterministic=True"),
+    ({"pipeline.deterministic": "True", "pipeline.mode": "serial"},
+     r"^config.distributed.enabled=True needs disaggregated devices .* pipeline.mode='serial'"),
+    ({"pipeline.deterministic": "True", "rollout.instances_per_agent": "3"},
+     r"^config.rollout.instances_per_agent=3 must be a multiple of the 2 processes"),
+])
+def test_a_run_of_several_processes_needs_the_deterministic_replayed_rollout(overrides, message):
+    fields = {"distributed.enabled": "True", "distributed.coordinator_address": "h:1",
+              "distributed.num_processes": "2", "distributed.process_id": "0", **overrides}
+    with pytest.raises(ConfigError, match=message):
+        RunConfig.from_config(apply_overrides(load_config("configs/tiny.py:smoke"), fields))
