@@ -35,7 +35,7 @@ def base_config() -> ml_collections.ConfigDict:
     """Every knob with its default: the chain team on the arithmetic task."""
     config = ml_collections.ConfigDict()
     config.seed = 0  # one seed drives task generation, parameter init, sampling and shuffling
-    config.workdir = "runs/tiny"  # metrics.jsonl, plots, checkpoints and the store live here
+    config.workdir = "runs/tiny"  # metrics.jsonl, plots, checkpoints and the store: a path, file:///ABS/PATH or gs://B/P
     config.iterations = 120  # RL iterations (one policy update per agent each)
 
     config.agents = ml_collections.ConfigDict()  # one entry per agent, keyed by its name

@@ -106,6 +106,9 @@ def cmd_inspect(argv: list[str]) -> int:
     parser = argparse.ArgumentParser(prog="flexmarl inspect", description="Summarise a run directory.")
     parser.add_argument("workdir")
     args = parser.parse_args(argv)
+    from flexmarl_jax.workdir_paths import normalize
+
+    args.workdir = normalize(args.workdir)  # file:///abs/run reads /abs/run
     if not os.path.isdir(args.workdir):
         print(f"flexmarl inspect: {args.workdir!r} is not a directory", file=sys.stderr)
         return 2
