@@ -35,7 +35,7 @@ def base_config() -> ml_collections.ConfigDict:
     """Every knob with its default: the chain team on the arithmetic task."""
     config = ml_collections.ConfigDict()
     config.seed = 0  # one seed drives task generation, parameter init, sampling and shuffling
-    config.workdir = "runs/tiny"  # metrics.jsonl, plots, checkpoints and the store live here
+    config.workdir = "runs/tiny"  # metrics.jsonl, plots, checkpoints and the store: a path, file:///ABS/PATH or gs://B/P
     config.iterations = 120  # RL iterations (one policy update per agent each)
 
     config.agents = ml_collections.ConfigDict()  # one entry per agent, keyed by its name
@@ -165,6 +165,16 @@ def base_config() -> ml_collections.ConfigDict:
     config.run.stall_timeout_s = 600.0
     config.run.stop_mode = "finish"  # SIGTERM/SIGINT: finish | abandon the running iteration; a second signal abandons
     config.run.stop_timeout_s = 300.0  # a signalled stop ends the process within this many seconds
+
+    # Several processes, one per host (docs/architecture.md, "Several hosts"): each joins JAX's distributed runtime
+    # before anything runs, and the run places its meshes on the global device set. The defaults mean one process.
+    config.distributed = ml_collections.ConfigDict()
+    config.distributed.enabled = False  # True: join the other processes (jax.distributed.initialize)
+    config.distributed.coordinator_address = ""  # HOST:PORT of process 0's coordinator; "" = auto-detect (Cloud TPU)
+    config.distributed.num_processes = 0  # processes in the run; 0 = auto-detect
+    config.distributed.process_id = -1  # this process's index; -1 = auto-detect
+    config.distributed.init_timeout_s = 300.0  # the coordinator must answer and every process join within this
+    config.distributed.heartbeat_timeout_s = 30.0  # a process silent this long is lost and the others stop
 
     return config
 

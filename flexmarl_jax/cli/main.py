@@ -26,17 +26,15 @@ COMMANDS_HELP = """commands:
 """
 
 
-def _prepare_devices(fake_cpu_devices: int) -> int:
-    """Fakes CPU devices (before JAX is imported) and returns the device count JAX sees."""
+def _prepare_devices(config) -> int:
+    """Fakes CPU devices (before JAX is imported), joins the run's other processes when
+    `config.distributed.enabled`, and returns the device count of every process together."""
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")  # JetStream pulls in TensorFlow, which is chatty
+    from flexmarl_jax.distributed.runtime import join_processes
     from flexmarl_jax.mesh.host_devices import fake_cpu_devices as fake
 
-    fake(fake_cpu_devices)
-    import jax
-
-    if os.environ.get("FLEXMARL_DISTRIBUTED") == "1":  # multi-host (TPU pod): one process per host
-        jax.distributed.initialize()
-    return jax.device_count()
+    fake(config.mesh.fake_cpu_devices)
+    return join_processes(config.distributed).global_devices
 
 
 def cmd_train(argv: list[str]) -> int:
@@ -65,8 +63,19 @@ def cmd_train(argv: list[str]) -> int:
         faults.parse(os.environ.get(faults.ENV_VAR, ""))  # armed by run_training; a bad name fails here, first
     except ValueError as error:
         raise ConfigError(f"${faults.ENV_VAR}: {error}") from None
-    with WorkdirLock(config.workdir):  # a live run's workdir fails here, in a second, before JAX starts
-        check_devices(config, _prepare_devices(config.mesh.fake_cpu_devices))
+    if config.distributed.enabled:  # each process locks its own file, named by its index, known once joined
+        devices = _prepare_devices(config)
+        import jax
+
+        from flexmarl_jax.config.schema import check_instances_per_process
+
+        check_instances_per_process(config.rollout.instances_per_agent, jax.process_count())  # auto-detected count
+        lock = WorkdirLock(config.workdir, process_index=jax.process_index())
+    else:  # a live run's workdir fails here, in a second, before JAX starts
+        devices, lock = None, WorkdirLock(config.workdir)
+    with lock:
+        # The placement against every process's devices (the global count), before any work.
+        check_devices(config, _prepare_devices(config) if devices is None else devices)
         from flexmarl_jax.orchestrator.run import run_training
 
         return run_training(config, workdir_locked=True, gantt_iterations=parsed.gantt_iterations)
@@ -97,6 +106,9 @@ def cmd_inspect(argv: list[str]) -> int:
     parser = argparse.ArgumentParser(prog="flexmarl inspect", description="Summarise a run directory.")
     parser.add_argument("workdir")
     args = parser.parse_args(argv)
+    from flexmarl_jax.workdir_paths import normalize
+
+    args.workdir = normalize(args.workdir)  # file:///abs/run reads /abs/run
     if not os.path.isdir(args.workdir):
         print(f"flexmarl inspect: {args.workdir!r} is not a directory", file=sys.stderr)
         return 2

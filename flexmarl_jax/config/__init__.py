@@ -20,6 +20,7 @@ from flexmarl_jax.config.loader import load_config
 from flexmarl_jax.config.memory import AgentMemory, check_team_fits, estimate_agent_memory
 from flexmarl_jax.config.schema import (
     AgentConfig,
+    DistributedConfig,
     MeshConfig,
     PipelineConfig,
     RolloutConfig,
@@ -31,7 +32,8 @@ from flexmarl_jax.config.schema import (
 )
 
 __all__ = [
-    "AgentConfig", "AgentMemory", "ConfigError", "MeshConfig", "PipelineConfig", "RolloutConfig", "RunConfig",
-    "RunControlConfig", "StoreConfig", "TrainConfig", "WorkflowConfig", "apply_overrides", "check_devices",
-    "check_team_fits", "devices_needed", "estimate_agent_memory", "load_config", "parse_train_flags",
+    "AgentConfig", "AgentMemory", "ConfigError", "DistributedConfig", "MeshConfig", "PipelineConfig",
+    "RolloutConfig", "RunConfig", "RunControlConfig", "StoreConfig", "TrainConfig", "WorkflowConfig",
+    "apply_overrides", "check_devices", "check_team_fits", "devices_needed", "estimate_agent_memory",
+    "load_config", "parse_train_flags",
 ]

@@ -346,12 +346,75 @@ class RunControlConfig(Section):
                                     help="a stop asked for by a signal ends the process within this many seconds")
 
 
+def _coordinator_address_rule(address: str) -> str | None:
+    """"" (auto-detected on Cloud TPU), or HOST:PORT with a port number."""
+    if not address:
+        return None
+    host, _, port = address.rpartition(":")
+    if host and port.isdigit() and 0 < int(port) < 65536:
+        return None
+    return "must be HOST:PORT (e.g. 10.0.0.2:8476) or \"\" to auto-detect it on Cloud TPU"
+
+
+@_frozen
+class DistributedConfig(Section):
+    """Several processes, one per host, joined by JAX's distributed runtime (`config.distributed`;
+    flexmarl_jax/distributed/). The defaults mean one process."""
+
+    enabled: bool = setting(False, help="join the other processes with jax.distributed.initialize before "
+                            "anything runs; False = a single process")
+    coordinator_address: str = setting("", rule=_coordinator_address_rule,
+                                       help="HOST:PORT of process 0's coordinator service; \"\" = auto-detected "
+                                       "(Cloud TPU, SLURM, ...)")
+    num_processes: int = setting(0, rule=at_least_zero, help="processes in the run; 0 = auto-detected")
+    process_id: int = setting(-1, rule=lambda i: None if i >= -1 else "must be >= 0, or -1 to auto-detect it",
+                              help="this process's index in 0..num_processes-1; -1 = auto-detected")
+    init_timeout_s: float = setting(300.0, rule=above_zero,
+                                    help="the coordinator must answer, and every process join, within this many "
+                                    "seconds, else the run stops with an error naming what is missing")
+    heartbeat_timeout_s: float = setting(30.0, rule=above_zero,
+                                         help="a process that misses heartbeats this long counts as lost: the "
+                                         "others stop (JAX's runtime default is 100 s)")
+
+    def check(self, path: str) -> None:
+        explicit = (self.coordinator_address != "", self.num_processes > 0, self.process_id >= 0)
+        if any(explicit) and not all(explicit):
+            raise ConfigError(f"config.{path}: coordinator_address={self.coordinator_address!r}, "
+                              f"num_processes={self.num_processes} and process_id={self.process_id} are set "
+                              "together (all three) or left to auto-detection (\"\", 0, -1)")
+        if all(explicit) and self.process_id >= self.num_processes:
+            raise ConfigError(f"config.{path}.process_id={self.process_id} must be below "
+                              f"{path}.num_processes={self.num_processes}")
+        if any(explicit) and not self.enabled:
+            raise ConfigError(f"config.{path}.coordinator_address={self.coordinator_address!r} is set but "
+                              f"{path}.enabled=False; set {path}.enabled=True to run several processes")
+
+
+def check_instances_per_process(instances_per_agent: int, processes: int) -> None:
+    """Each process rolls out every agent on its own instances: instances_per_agent must be a multiple of the
+    process count (0 = not known yet: checked again once the processes joined)."""
+    if processes and instances_per_agent % processes:
+        raise ConfigError(f"config.rollout.instances_per_agent={instances_per_agent} must be a multiple of the "
+                          f"{processes} processes: each process serves every agent on instances of its own")
+
+
+def _workdir_rule(workdir: str) -> str | None:
+    if not workdir:
+        return "must not be empty"
+    scheme = workdir.split("://", 1)[0] if "://" in workdir else ""
+    if scheme and scheme not in ("gs", "s3"):
+        return f"has scheme {scheme}://; allowed: a path, file:///ABS/PATH, gs://bucket/path"
+    return None
+
+
 @_frozen
 class RunConfig(Section):
     """A whole run. Built from a ConfigDict by `from_config`; every construction checks every rule."""
 
     seed: int = setting(0, help="one seed drives task generation, parameter init, sampling and shuffling")
-    workdir: str = setting("runs/tiny", help="metrics.jsonl, plots, checkpoints and the store live here")
+    workdir: str = setting("runs/tiny", rule=_workdir_rule,
+                           help="metrics.jsonl, plots, checkpoints and the store live here: a path, file:///ABS/PATH "
+                           "or gs://bucket/path (flexmarl_jax/workdir_paths.py); a file:// URL becomes its path")
     iterations: int = setting(120, rule=positive, help="RL iterations (one policy update per agent each)")
     agents: Mapping[str, AgentConfig] = setting(factory=_chain_agents, help="agent name -> its settings")
     workflow: WorkflowConfig = setting(factory=WorkflowConfig, help="the workflow, its roles and its task")
@@ -362,9 +425,17 @@ class RunConfig(Section):
     pipeline: PipelineConfig = setting(factory=PipelineConfig, help="how rollout and training overlap")
     eval: EvalConfig = setting(factory=EvalConfig, help="held-out evaluation")
     run: RunControlConfig = setting(factory=RunControlConfig, help="hang detection and stopping")
+    distributed: DistributedConfig = setting(factory=DistributedConfig,
+                                             help="several processes (hosts) in one run; default one process")
 
     def __post_init__(self) -> None:
         super().__post_init__()
+        from flexmarl_jax.workdir_paths import BadLocation, normalize
+
+        try:  # everything below sees a plain local path or a remote URL (epath does not take file://)
+            object.__setattr__(self, "workdir", normalize(self.workdir))
+        except BadLocation as error:
+            raise ConfigError(f"config.workdir={self.workdir!r}: {error}") from None
         check_section(self, "")
 
     @classmethod
@@ -408,9 +479,25 @@ class RunConfig(Section):
         if self.pipeline.emulate_median_response > self.rollout.max_response_length:
             raise ConfigError(f"config.pipeline.emulate_median_response={self.pipeline.emulate_median_response} "
                               f"exceeds rollout.max_response_length={self.rollout.max_response_length}")
+        self._check_distributed()
         if not 0 <= self.mesh.train_slices <= len(self.agents):
             raise ConfigError(f"config.mesh.train_slices={self.mesh.train_slices} must be in 0..{len(self.agents)} "
                               "(the number of agents; 0 = a dedicated training slice per agent)")
+
+    def _check_distributed(self) -> None:
+        """Several processes replay one deterministic rollout each, on their own instances of every agent, and
+        meet in the training meshes (docs/architecture.md, "Several hosts")."""
+        distributed = self.distributed
+        if not distributed.enabled:
+            return
+        if not self.pipeline.deterministic:
+            raise ConfigError("config.distributed.enabled=True needs pipeline.deterministic=True: every process "
+                              "rolls out the same queries and must cut the same micro-batches")
+        if self.pipeline.mode == "serial" or self.mesh.colocate or self.pipeline.emulate:
+            raise ConfigError(f"config.distributed.enabled=True needs disaggregated devices (pipeline.mode sync or "
+                              f"flexmarl, mesh.colocate=False, no pipeline.emulate); got pipeline.mode="
+                              f"{self.pipeline.mode!r}, mesh.colocate={self.mesh.colocate}")
+        check_instances_per_process(self.rollout.instances_per_agent, distributed.num_processes)
 
     def to_json(self, indent: int | None = 1) -> str:
         return json.dumps(self.to_dict(), indent=indent)

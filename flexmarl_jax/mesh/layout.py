@@ -5,11 +5,16 @@ instance) and its own training devices, all disjoint. The `serial` mode colocate
 instances run on its training devices, as naive single-agent RL moved to multi-agent does. `mesh.colocate`
 goes further for machines with fewer devices than agents (one GPU, a CPU with one device): every agent's
 rollout and training share its devices, and agents reuse devices in turn once every device is taken.
+
+With several processes (hosts) the devices are laid out in `interleave_processes` order: an agent's rollout
+instances alternate between hosts (each host then holds an instance of every agent when instances_per_agent
+is a multiple of the host count), and a training mesh of several devices takes one from each host in turn.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import itertools
 from collections.abc import Sequence
 
 from flexmarl_jax.mesh.meshes import make_mesh
@@ -29,6 +34,16 @@ class AgentDevices:
     def rollout_mesh(self, instance: int):
         group = self.rollout_groups[instance]
         return make_mesh(group, fsdp=len(group), tp=1)
+
+
+def interleave_processes(devices: Sequence) -> list:
+    """``devices`` round-robin over their processes: the first of each process, then the second of each, ...
+    (the order of one process's devices is kept). One process: ``devices`` as they are."""
+    by_process: dict[int, list] = {}
+    for device in devices:
+        by_process.setdefault(device.process_index, []).append(device)
+    columns = itertools.zip_longest(*(by_process[index] for index in sorted(by_process)))
+    return [device for column in columns for device in column if device is not None]
 
 
 def layout_devices(devices: Sequence, agents: Sequence[str], *, instances_per_agent: int,

@@ -13,6 +13,7 @@ from __future__ import annotations
 import argparse
 import os
 import re
+import tempfile
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -222,11 +223,28 @@ def plot_all(
 
     gantt_iterations: the Gantt chart's window, the last k iterations (None: `DEFAULT_GANTT_ITERATIONS`;
     0: the whole run)."""
-    workdir = Path(workdir)
-    out_dir = Path(out_dir) if out_dir is not None else workdir / "plots"
-    written = plot_curves(workdir, out_dir)
-    if timeline is None and (workdir / TIMELINE_FILENAME).exists():
-        timeline = Timeline.load(workdir / TIMELINE_FILENAME)
+    from flexmarl_jax import workdir_paths
+
+    target = workdir_paths.path(workdir, "plots") if out_dir is None else workdir_paths.path(out_dir)
+    if workdir_paths.is_local(os.fspath(target)):
+        return _plot_all_into(workdir, timeline, Path(target), gantt_iterations)
+    # An object store (gs://): matplotlib writes local files, which are then copied up one by one.
+    with tempfile.TemporaryDirectory(prefix="flexmarl-plots-") as local:
+        drawn = _plot_all_into(workdir, timeline, Path(local), gantt_iterations)
+        target.mkdir(parents=True, exist_ok=True)
+        for png in drawn:
+            (target / png.name).write_bytes(png.read_bytes())
+        return [target / png.name for png in drawn]
+
+
+def _plot_all_into(workdir: PathLike, timeline: Timeline | None, out_dir: Path,
+                   gantt_iterations: int | None) -> list[Path]:
+    from flexmarl_jax import workdir_paths
+
+    written = plot_curves(read_metrics(workdir), out_dir)
+    saved = workdir_paths.path(workdir, TIMELINE_FILENAME)
+    if timeline is None and saved.exists():
+        timeline = Timeline.load(saved)
     if timeline is not None:
         written += plot_gantt(timeline, out_dir, iterations=gantt_iterations)
         written += plot_load(timeline, out_dir)

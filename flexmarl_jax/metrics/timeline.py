@@ -307,12 +307,12 @@ class Timeline(TimelineAccounting):
 
     def save(self, path: str | os.PathLike[str]) -> Path:
         """Write the timeline as JSON (a directory gets `timeline.json`); atomic: tmp file + rename."""
-        path = Path(path)
+        from flexmarl_jax import workdir_paths
+
+        path = workdir_paths.path(path)
         if path.is_dir():
             path = path / TIMELINE_FILENAME
-        tmp = path.with_name(path.name + ".tmp")
-        tmp.write_text(json.dumps(self.to_dict(), separators=(",", ":")))
-        os.replace(tmp, path)
+        workdir_paths.write_atomically(path, json.dumps(self.to_dict(), separators=(",", ":")))
         return path
 
     @classmethod
@@ -323,7 +323,9 @@ class Timeline(TimelineAccounting):
 
         A resumed run loads its old timeline and keeps recording: new times continue after the old ones.
         """
-        path = Path(path)
+        from flexmarl_jax import workdir_paths
+
+        path = workdir_paths.path(path)
         if path.is_dir():
             path = path / TIMELINE_FILENAME
         return cls.from_dict(json.loads(path.read_text()), clock)

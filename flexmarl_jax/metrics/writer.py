@@ -6,6 +6,10 @@ iterations done, i.e. the policy version evaluated; see orchestrator/evaluation.
 kind filter with `iteration_records` / `eval_records`. The writer is resume-safe: on open it reads the lines
 already there, drops a torn last line (a run killed mid-write leaves one) and never writes a record of one
 kind and iteration twice, so a resumed run that repeats an iteration keeps the first record of it.
+
+Paths go through the workdir path layer (`flexmarl_jax/workdir_paths.py`): a `gs://` workdir gets its
+`metrics.jsonl` too (rewritten whole on each record, as objects cannot be appended to); TensorBoard event files
+are written for local workdirs only.
 """
 
 from __future__ import annotations
@@ -15,9 +19,9 @@ import logging
 import os
 import threading
 from collections.abc import Mapping, Sequence
-from pathlib import Path
 from typing import Any
 
+from flexmarl_jax import workdir_paths
 from flexmarl_jax.metrics.jsonable import numeric_items, to_jsonable
 
 logger = logging.getLogger(__name__)
@@ -51,7 +55,7 @@ def is_eval_metric(tag: str) -> bool:
 
 def read_metrics(path: str | os.PathLike[str]) -> list[dict[str, Any]]:
     """Records of a `metrics.jsonl` (a file, or a workdir holding one); an unparseable line is skipped."""
-    path = Path(path)
+    path = workdir_paths.path(path)
     if path.is_dir():
         path = path / METRICS_FILENAME
     if not path.exists():
@@ -73,22 +77,27 @@ class MetricsWriter:
     Args:
       workdir: run directory (created if missing).
       tensorboard: also write TensorBoard scalars (flattened tags like `agent/solver/reward`).
+      persist: write the files (process 0 of a run); False keeps the records in memory only, reading what the
+        file holds already (the other processes of a run: one writer per file).
 
     Each record must hold an integer `iteration`. Nested dicts are kept nested in the JSONL and flattened
     to `/`-joined tags in TensorBoard (an eval record contributes its eval metrics only, at step `iteration`);
     numpy / JAX scalars and arrays are converted; NaN/inf become null.
     """
 
-    def __init__(self, workdir: str | os.PathLike[str], *, tensorboard: bool = True):
-        self.workdir = Path(workdir)
-        self.workdir.mkdir(parents=True, exist_ok=True)
+    def __init__(self, workdir: str | os.PathLike[str], *, tensorboard: bool = True, persist: bool = True):
+        self.workdir = workdir_paths.path(workdir)
+        self.persist = persist
+        if persist:
+            self.workdir.mkdir(parents=True, exist_ok=True)
         self.path = self.workdir / METRICS_FILENAME
         self._lock = threading.Lock()
-        self._repair_torn_tail()
+        if persist:
+            self._repair_torn_tail()
         self.records: list[dict[str, Any]] = read_metrics(self.path)
         self._written = {(record_kind(record), record.get("iteration")) for record in self.records}
         self._tensorboard = None
-        if tensorboard:
+        if tensorboard and persist and workdir_paths.is_local(os.fspath(self.workdir)):
             from tensorboardX import SummaryWriter  # lazy: importing it costs ~0.5 s
 
             self._tensorboard = SummaryWriter(logdir=str(self.workdir / TENSORBOARD_DIRNAME), flush_secs=10)
@@ -122,10 +131,8 @@ class MetricsWriter:
                     "%s metrics for iteration %d already in %s; not writing them again", kind, iteration, self.path
                 )
                 return False
-            with open(self.path, "a", encoding="utf-8") as file:
-                file.write(line)
-                file.flush()
-                os.fsync(file.fileno())
+            if self.persist:
+                workdir_paths.append_line(self.path, line)
             self._written.add((kind, iteration))
             self.records.append(plain)
             if self._tensorboard is not None:
@@ -178,5 +185,4 @@ class MetricsWriter:
             return
         keep = data.rfind(b"\n") + 1
         logger.warning("dropping a torn last line (%d bytes) from %s", len(data) - keep, self.path)
-        with open(self.path, "r+b") as file:
-            file.truncate(keep)
+        self.path.write_bytes(data[:keep])

@@ -27,7 +27,7 @@ import jax.numpy as jnp
 from jax.sharding import Mesh
 
 from flexmarl_jax.config import RunConfig
-from flexmarl_jax.mesh.layout import AgentDevices, layout_devices
+from flexmarl_jax.mesh.layout import AgentDevices, interleave_processes, layout_devices
 from flexmarl_jax.mesh.meshes import make_mesh
 from flexmarl_jax.models.config import ModelConfig
 from flexmarl_jax.models.sources import ModelSource, resolve_model
@@ -76,9 +76,10 @@ class AgentRuntime:
 def agent_layout(config: RunConfig) -> dict[str, AgentDevices]:
     """Each agent's rollout and training devices (`mesh.layout.layout_devices`) for a config. With shared
     training slices (`mesh.train_slices`) agents get no training devices of their own; with `mesh.colocate`
-    each agent's rollout runs on its training devices, and agents share devices when there are too few."""
+    each agent's rollout runs on its training devices, and agents share devices when there are too few. With
+    several processes the devices alternate between hosts (`mesh.layout.interleave_processes`)."""
     mesh = config.mesh
-    return layout_devices(jax.devices(), team_agents(config.workflow),
+    return layout_devices(interleave_processes(jax.devices()), team_agents(config.workflow),
                           instances_per_agent=config.rollout.instances_per_agent,
                           rollout_devices_per_instance=mesh.rollout_devices_per_instance,
                           train_devices_per_agent=0 if mesh.train_slices else mesh.train_devices_per_agent,
@@ -87,10 +88,11 @@ def agent_layout(config: RunConfig) -> dict[str, AgentDevices]:
 
 def training_slice_meshes(config: RunConfig, layout: Mapping[str, AgentDevices], train_slices: int) -> list[Mesh]:
     """``train_slices`` meshes of ``mesh.train_devices_per_agent`` devices each, from the devices that no
-    rollout instance uses (in device order)."""
+    rollout instance uses (in device order; with several processes alternating between hosts, so a slice of
+    two devices on two hosts spans both)."""
     used = {device for agent_devices in layout.values() for group in agent_devices.rollout_groups
             for device in group}
-    free = [device for device in jax.devices() if device not in used]
+    free = [device for device in interleave_processes(jax.devices()) if device not in used]
     per_slice = config.mesh.train_devices_per_agent
     if len(free) < train_slices * per_slice:
         raise ValueError(f"mesh.train_slices={train_slices} x mesh.train_devices_per_agent={per_slice} needs "

@@ -19,7 +19,9 @@ surviving checkpoint holds — are dropped, never counted as trained. The files 
 - `stops.jsonl`: one line per run that ended early (a stall, a signal, an error): why, when, at which
   iteration; what `flexmarl train` on the workdir will resume from. Informational: resuming never needs it.
 
-Every file is written atomically (a temporary file, then `os.replace`).
+Every file is written atomically (a temporary file, then `os.replace`; one object write on an object store),
+through the workdir path layer (`flexmarl_jax/workdir_paths.py`), so a `gs://` workdir journals too. In a run of
+several processes only process 0 keeps the journal (docs/architecture.md, "One writer per file").
 """
 
 from __future__ import annotations
@@ -28,6 +30,10 @@ import json
 import logging
 import os
 import time
+
+from etils import epath
+
+from flexmarl_jax import workdir_paths
 
 logger = logging.getLogger(__name__)
 
@@ -39,32 +45,35 @@ TRAINED_DIR = "trained"
 CHECKPOINTS_KEPT = 2  # versions a run keeps per agent (Orbax max_to_keep): a resume can go back to the oldest
 
 
-def read_json(path: str):
+def read_json(path: str | epath.Path):
     """The JSON value in `path`, or None when there is no such file."""
-    if not os.path.isfile(path):
+    path = epath.Path(path)
+    if not path.is_file():
         return None
-    with open(path) as handle:
-        return json.load(handle)
+    return json.loads(path.read_text())
 
 
-def write_json_atomically(path: str, payload) -> None:
-    with open(path + ".tmp", "w") as handle:
-        json.dump(payload, handle)
-    os.replace(path + ".tmp", path)
+def write_json_atomically(path: str | epath.Path, payload) -> None:
+    workdir_paths.write_atomically(epath.Path(path), json.dumps(payload))
 
 
 class RunJournal:
     """The journal files of one workdir (see the module docstring for the invariant they keep)."""
 
-    def __init__(self, workdir: str):
+    def __init__(self, workdir: str, *, writer: bool = True):
+        """writer: whether this process keeps the journal (process 0 of a run); the others only read it."""
         self.workdir = workdir
+        self.writer = writer
 
-    def _path(self, name: str) -> str:
-        return os.path.join(self.workdir, name)
+    def _path(self, name: str) -> epath.Path:
+        return workdir_paths.path(self.workdir, name)
 
     # --------------------------------------------------------------------------- during an iteration
     def begin_attempt(self, iteration: int) -> int:
         """Records that `iteration` starts; returns how often it was started before."""
+        if not self.writer:
+            raise RuntimeError("only the journal's writer (process 0) records attempts; the others receive its "
+                               "count (run.py broadcasts it)")
         attempts = read_json(self._path(ATTEMPTS)) or {}
         previous = int(attempts.get(str(iteration), 0))
         attempts[str(iteration)] = previous + 1
@@ -73,51 +82,53 @@ class RunJournal:
 
     def before_checkpoint(self, record: dict, trained: dict[str, list[str]]) -> None:
         """Keeps the iteration's trained sample ids and metrics record; call right before its checkpoint."""
+        if not self.writer:
+            return
         iteration = record["iteration"]
         payload = {"iteration": iteration, "sample_ids": trained}
-        os.makedirs(self._path(TRAINED_DIR), exist_ok=True)
+        self._path(TRAINED_DIR).mkdir(parents=True, exist_ok=True)
         write_json_atomically(self._trained_path(iteration), payload)
         for older in self._trained_iterations():
             # Versions on disk from now on: iteration + 1 - CHECKPOINTS_KEPT and newer (or one fewer, if the
             # save of version iteration + 1 is cut short). A resume never goes back before the oldest of them,
             # so it never redoes an iteration before it: those trained ids are no longer needed.
             if older < iteration - (CHECKPOINTS_KEPT - 1):
-                os.remove(self._trained_path(older))
+                self._trained_path(older).unlink()
         write_json_atomically(self._path(PENDING_TRAINED), payload)
         write_json_atomically(self._path(PENDING_RECORD), record)
 
-    def _trained_path(self, iteration: int) -> str:
-        return os.path.join(self._path(TRAINED_DIR), f"{iteration}.json")
+    def _trained_path(self, iteration: int) -> epath.Path:
+        return self._path(TRAINED_DIR) / f"{iteration}.json"
 
     def _trained_iterations(self) -> list[int]:
         directory = self._path(TRAINED_DIR)
-        if not os.path.isdir(directory):
+        if not directory.is_dir():
             return []
-        return sorted(int(name[:-len(".json")]) for name in os.listdir(directory)
-                      if name.endswith(".json") and name[:-len(".json")].isdigit())
+        return sorted(int(path.stem) for path in directory.iterdir()
+                      if path.name.endswith(".json") and path.stem.isdigit())
 
     def iteration_logged(self) -> None:
         """The iteration's metrics line is written and its rows are consumed: nothing is pending any more."""
+        if not self.writer:
+            return
         for name in (PENDING_RECORD, PENDING_TRAINED):
-            os.remove(self._path(name))
+            self._path(name).unlink()
 
     def record_stop(self, reason: str, *, iteration: int | None, detail: str) -> None:
         """Marks that the run ends early (`reason`: stalled, signal, error); one appended line, flushed to disk,
         since the process may be about to exit hard."""
+        if not self.writer:
+            return
         line = json.dumps({"time": time.time(), "reason": reason, "iteration": iteration, "detail": detail,
                            "pid": os.getpid()})
-        with open(self._path(STOPS), "a") as handle:
-            handle.write(line + "\n")
-            handle.flush()
-            os.fsync(handle.fileno())
+        workdir_paths.append_line(self._path(STOPS), line + "\n")
 
     def stops(self) -> list[dict]:
         """Every stop recorded so far, oldest first."""
         path = self._path(STOPS)
-        if not os.path.isfile(path):
+        if not path.is_file():
             return []
-        with open(path) as handle:
-            return [json.loads(line) for line in handle if line.endswith("\n")]
+        return [json.loads(line) for line in path.read_text().splitlines(keepends=True) if line.endswith("\n")]
 
     # ------------------------------------------------------------------------------------- on resume
     def settle(self, store, writer, start: int) -> None:
@@ -129,12 +140,15 @@ class RunJournal:
         Every iteration from `start` on is redone: the rows it trained are dropped (`discard_trained_since`) and
         its metrics records removed (after a fallback past a checkpoint that failed verification, they describe
         updates that were discarded).
+        Only the journal's writer settles (the other processes' stores start empty: they redo from `start`).
         """
+        if not self.writer:
+            return
         record = read_json(self._path(PENDING_RECORD))
         if record is not None:
             if record["iteration"] < start:
                 writer.write(record)
-            os.remove(self._path(PENDING_RECORD))
+            self._path(PENDING_RECORD).unlink()
         pending = read_json(self._path(PENDING_TRAINED))
         if pending is not None:
             if pending["iteration"] < start:
@@ -142,7 +156,7 @@ class RunJournal:
                 if settled:
                     logger.info("marked %d rows of checkpointed iteration %d consumed", settled,
                                 pending["iteration"])
-            os.remove(self._path(PENDING_TRAINED))
+            self._path(PENDING_TRAINED).unlink()
         self.discard_trained_since(store, start)
         if writer is not None:
             forgotten = writer.forget_from(start)  # records of updates a fallback discarded; redone now
@@ -165,5 +179,5 @@ class RunJournal:
                 logger.warning("iteration %d is redone from policy version %d: the %d rows its discarded update "
                                "trained are dropped", iteration, start, rows)
             dropped += rows
-            os.remove(self._trained_path(iteration))
+            self._trained_path(iteration).unlink()
         return dropped

@@ -30,6 +30,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from flexmarl_jax.distributed.ordered_issue import OrderedIssuer
 from flexmarl_jax.metrics import GENERATED_TOKENS, REQUESTS, Timeline
 from flexmarl_jax.orchestrator.dispatch import AgentDispatcher, DispatchStats, TrainerFailed
 from flexmarl_jax.orchestrator.invariants import ConsistencyChecker
@@ -67,6 +68,7 @@ class PipelineSettings:
     debug_invariants: bool = False
     deterministic: bool = False  # train after the rollout, micro-batches cut in group-id order
     stall_timeout_s: float | None = None  # run.stall_timeout_s: a wait ends after this long without progress
+    process_count: int = 1  # processes of the run (config.distributed); > 1: training goes through the issuer
 
     def __post_init__(self):
         if self.mode not in MODES:
@@ -182,6 +184,10 @@ class JointOrchestrator:
         self._pending_rollout: _Rollout | None = None
         self.attempts: dict[int, int] = {}  # iteration -> times it was restarted after a crash
         self._synced = {}
+        # Several processes: each agent's training (its micro-batches, its update) may run on a mesh that spans
+        # them, so it is issued from one thread in agent order on every process (distributed/ordered_issue.py).
+        self._issuer = OrderedIssuer("spanning-issue") if settings.process_count > 1 else None
+        self._issue_round = 0
         self.sync_all()
 
     # ------------------------------------------------------------------------------------------ weights
@@ -274,8 +280,8 @@ class JointOrchestrator:
                 raise
 
         if concurrent:
-            run_threads({f"dispatch-{agent}": functools.partial(drain, agent) for agent in dispatchers},
-                        liveness=self.liveness)
+            units = self._in_schedule("drain", {agent: functools.partial(drain, agent) for agent in dispatchers})
+            run_threads({f"dispatch-{agent}": unit for agent, unit in units.items()}, liveness=self.liveness)
         else:
             for agent in dispatchers:
                 drain(agent)
@@ -367,9 +373,21 @@ class JointOrchestrator:
             except Exception as error:
                 raise TrainerFailed(agent, "applying the update", error) from error
 
-        run_threads({f"apply-{agent}": functools.partial(apply, agent, trainer)
-                     for agent, trainer in self.trainers.items()}, liveness=self.liveness)
+        units = self._in_schedule("apply", {agent: functools.partial(apply, agent, trainer)
+                                            for agent, trainer in self.trainers.items()})
+        run_threads({f"apply-{agent}": unit for agent, unit in units.items()}, liveness=self.liveness)
         return metrics
+
+    def _in_schedule(self, phase: str, units: dict[str, Callable[[], None]]) -> dict[str, Callable[[], None]]:
+        """One process: the units as they are. Several: each unit runs on the issuer's thread, in agent order
+        (first-call order, the same on every process), whenever its own thread gets there; the keys count
+        the phases run so far, which every process counts alike."""
+        if self._issuer is None:
+            return units
+        self._issue_round += 1
+        keys = {agent: (self._issue_round, phase, agent) for agent in units}
+        self._issuer.expect(keys.values())
+        return {agent: functools.partial(self._issuer.run, keys[agent], unit) for agent, unit in units.items()}
 
     # ------------------------------------------------------------------------------------------ failures
     def abandon_iteration(self) -> None:

@@ -12,7 +12,6 @@ for that (the rows the discarded updates trained are dropped, not counted as tra
 from __future__ import annotations
 
 import logging
-import os
 from collections.abc import Sequence
 from typing import NamedTuple
 
@@ -20,6 +19,7 @@ import orbax.checkpoint as ocp
 
 from flexmarl_jax.train.checkpoint import verify_checkpoint
 from flexmarl_jax.train.checkpoint_integrity import CheckpointCorrupted
+from flexmarl_jax.workdir_paths import orbax_directory
 
 logger = logging.getLogger(__name__)
 
@@ -37,8 +37,8 @@ def checkpoint_steps(root: str, agents: Sequence[str]) -> dict[str, set[int]] | 
     """agent -> the policy versions it has a finished Orbax step of (None: some agent has none)."""
     steps = {}
     for agent in agents:
-        directory = os.path.abspath(os.path.join(root, agent))
-        if not os.path.isdir(directory):
+        directory = orbax_directory(root, agent)
+        if not directory.is_dir():
             return None
         with ocp.CheckpointManager(directory) as manager:
             steps[agent] = set(manager.all_steps())
@@ -49,7 +49,7 @@ def _problem(root: str, agents: Sequence[str], version: int) -> str | None:
     """Why the checkpoints of `version` cannot be resumed from (the first agent that fails), or None."""
     for agent in agents:
         try:
-            verify_checkpoint(os.path.join(root, agent), version)
+            verify_checkpoint(orbax_directory(root, agent), version)
         except CheckpointCorrupted as error:
             return f"agent {agent!r}: {error}"
     return None
@@ -78,7 +78,7 @@ def prepare_resume(root: str, agents: Sequence[str]) -> ResumePoint | None:
     for agent in agents:
         newer = sorted(step for step in steps[agent] if step > version)
         if newer:
-            with ocp.CheckpointManager(os.path.abspath(os.path.join(root, agent))) as manager:
+            with ocp.CheckpointManager(orbax_directory(root, agent)) as manager:
                 for step in newer:
                     manager.delete(step)
     if rejected:

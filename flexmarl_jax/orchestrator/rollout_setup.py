@@ -19,6 +19,8 @@ import threading
 from collections.abc import Callable, Mapping
 from typing import Any
 
+import jax
+
 from flexmarl_jax.config import RunConfig
 from flexmarl_jax.metrics import Timeline
 from flexmarl_jax.models.functional import param_shardings
@@ -31,6 +33,7 @@ from flexmarl_jax.rollout.protocols import RoutableInstance
 from flexmarl_jax.rollout.routed_backend import RoutedBackend
 from flexmarl_jax.rollout.router import RequestRouter
 from flexmarl_jax.rollout.settings import EngineConfig
+from flexmarl_jax.transfer.across_processes import place_on, spans_processes
 
 
 class TimedInstance(EngineInstance):
@@ -102,23 +105,35 @@ def start_engines(config: RunConfig, runtimes: Mapping[str, AgentRuntime], timel
 
     Call once the trainers hold the weights rollout starts from (after a resume or warm-up): the engines
     copy them now. The trainers must still be `AgentTrainer`s (before `agents.pool_training`).
+
+    With several processes each builds the instances on its own devices only (every process holds instances of
+    every agent: config rule), numbered as in the whole team; a training mesh that spans processes gives its
+    weights to them through `across_processes.place_on` (a collective, issued here in agent order).
     """
     started: dict[str, AgentRuntime] = {}
+    weights: dict[str, tuple[Any, int]] = {}
     number = 0
     for agent, runtime in runtimes.items():
         trainer, devices = runtime.trainer, runtime.devices
         engine_config = engine_config_for(config, agent)
+        local_groups = [group for group, members in enumerate(devices.rollout_groups)
+                        if all(device.process_index == jax.process_index() for device in members)]
+        if not local_groups:
+            raise RuntimeError(f"process {jax.process_index()} holds no rollout instance of agent {agent!r}; "
+                               f"its device groups: {devices.rollout_groups}")
+        shardings = param_shardings(trainer.params, devices.rollout_mesh(local_groups[0]))
+        spanning = any(spans_processes(leaf) for leaf in jax.tree.leaves(trainer.params))
+        params = place_on(trainer.params, shardings) if spanning else trainer.params
         instances = []
         for group in range(len(devices.rollout_groups)):
-            instance = TimedInstance.create(runtime.model_config, trainer.graphdef, trainer.params, engine_config,
-                                            runtime.tokenizer, mesh=devices.rollout_mesh(group),
-                                            policy_version=trainer.policy_version, name=f"instance{number}")
-            instances.append(instance.attach(timeline, agent))
+            if group in local_groups:
+                instance = TimedInstance.create(runtime.model_config, trainer.graphdef, params, engine_config,
+                                                runtime.tokenizer, mesh=devices.rollout_mesh(group),
+                                                policy_version=trainer.policy_version, name=f"instance{number}")
+                instances.append(instance.attach(timeline, agent))
             number += 1
-        started[agent] = dataclasses.replace(
-            runtime, instances=tuple(instances),
-            rollout_shardings=param_shardings(trainer.params, devices.rollout_mesh(0)))
-    weights = {agent: (runtime.trainer.params, runtime.trainer.policy_version) for agent, runtime in started.items()}
+        started[agent] = dataclasses.replace(runtime, instances=tuple(instances), rollout_shardings=shardings)
+        weights[agent] = (params, trainer.policy_version)
     return started, backend_for(config, started, timeline, weights)
 
 

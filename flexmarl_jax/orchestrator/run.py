@@ -15,14 +15,16 @@ and SIGINT stop it at a consistent point (`stop_signals`). Every early end is re
 from __future__ import annotations
 
 import logging
-import os
 import sys
 import time
 from collections.abc import Mapping
 from typing import NamedTuple
 
-from flexmarl_jax import faults, metrics
+import jax
+
+from flexmarl_jax import faults, metrics, workdir_paths
 from flexmarl_jax.config import ConfigError, RunConfig
+from flexmarl_jax.distributed.leader import is_leader, leader_value
 from flexmarl_jax.orchestrator.agents import (
     AgentRuntime,
     agent_layout,
@@ -48,6 +50,8 @@ from flexmarl_jax.store import ExperienceStore
 from flexmarl_jax.train.algorithms import loss_config_for
 from flexmarl_jax.train.checkpoint import CHECKPOINT_DIR, restore_trainer, save_all
 from flexmarl_jax.transfer import StateStore
+from flexmarl_jax.workdir_paths import orbax_directory
+from flexmarl_jax.workdir_paths import path as workdir_path
 from flexmarl_jax.workflows import Task, Workflow
 from flexmarl_jax.workflows.from_config import team_agents
 from flexmarl_jax.workflows.splits import EVAL_PROBLEMS_SEED
@@ -73,7 +77,8 @@ class BuiltRun(NamedTuple):
 def pipeline_settings(config: RunConfig) -> PipelineSettings:
     """The orchestrator's knobs from a config."""
     return PipelineSettings(
-        mode=config.pipeline.mode, async_micro_batches=config.pipeline.async_micro_batches,
+        process_count=jax.process_count(), mode=config.pipeline.mode,
+        async_micro_batches=config.pipeline.async_micro_batches,
         queries_per_iteration=config.workflow.queries_per_iteration,
         samples_per_query=config.workflow.samples_per_query, micro_batch_size=config.train.micro_batch_size,
         max_response_length=config.rollout.max_response_length, max_staleness=config.train.max_staleness,
@@ -105,17 +110,20 @@ def build_orchestrator(config: RunConfig, *, timeline: metrics.Timeline | None =
                                         agent: slice_meshes[index % train_slices]
                                         for index, agent in enumerate(agents)})
     workflow, task = checked.workflow, checked.task
-    resumed = prepare_resume(os.path.join(config.workdir, CHECKPOINT_DIR), agents) if resume else None
+    resumed = prepare_resume(orbax_directory(config.workdir, CHECKPOINT_DIR), agents) if resume else None
     common = None if resumed is None else resumed.version
     for version, problem in ({} if resumed is None else resumed.rejected).items():
         print(f"flexmarl train: checkpoint of policy version {version} fails verification ({problem}); "
               f"resuming from policy version {common}, the newest intact one", file=sys.stderr)
     start = _restore_or_warm_up(config, runtimes, common, workflow, task)
     if timeline is None:
-        saved = os.path.join(config.workdir, metrics.TIMELINE_FILENAME)
+        saved = workdir_path(config.workdir, metrics.TIMELINE_FILENAME)
         # A resumed run keeps recording on its old timeline, so the plots cover the whole run.
-        timeline = metrics.Timeline.load(saved) if common is not None and os.path.isfile(saved) else metrics.Timeline()
-    store = ExperienceStore.open(config.workdir, agents=agents, backend=config.store.backend)
+        timeline = metrics.Timeline.load(saved) if common is not None and saved.is_file() else metrics.Timeline()
+    # One writer per file: with several processes, process 0 keeps the durable store; the others replay the same
+    # rollout into memory.
+    backend = config.store.backend if is_leader() else "memory"
+    store = ExperienceStore.open(config.workdir, agents=agents, backend=backend)
     runtimes, rollout = start_engines(config, runtimes, timeline)
     beacon = beacon or ProgressBeacon()
     for instance in rollout.instances:
@@ -133,7 +141,7 @@ def build_orchestrator(config: RunConfig, *, timeline: metrics.Timeline | None =
         backend=rollout.backend, sync_weights=sync_weights, aggregation=loss.aggregation,
         estimator=loss.advantage_estimator, timeline=timeline, beacon=beacon,
         on_update_applied=lambda iteration, record, trained: _checkpoint(
-            trainers, config.workdir, RunJournal(config.workdir), record, trained))
+            trainers, config.workdir, RunJournal(config.workdir, writer=is_leader()), record, trained))
     return BuiltRun(orchestrator, runtimes, store, rollout, start)
 
 
@@ -145,7 +153,7 @@ def _build_emulated(config: RunConfig, checked: Preflight, timeline: metrics.Tim
     from flexmarl_jax.orchestrator import emulated_setup as emulated
 
     emulation = emulated.Emulation.from_config(config)
-    os.makedirs(config.workdir, exist_ok=True)  # the journal's files (below) live there
+    workdir_path(config.workdir).mkdir(parents=True, exist_ok=True)  # the journal's files (below) live there
     timeline = metrics.Timeline() if timeline is None else timeline
     runtimes = emulated.build_emulated_runtimes(config, emulation, checked.sources, clock=timeline.now)
     store = ExperienceStore.open(config.workdir, agents=team_agents(config.workflow), backend=config.store.backend)
@@ -172,13 +180,13 @@ def _restore_or_warm_up(config: RunConfig, runtimes: Mapping[str, AgentRuntime],
     `workflow.warmup_steps`, every agent takes its supervised warm-up of kind `workflow.warmup` on training
     problems (saved as the checkpoint of version 0)."""
     trainers = trainers_of(runtimes)
-    checkpoint_root = os.path.join(config.workdir, CHECKPOINT_DIR)
+    checkpoint_root = orbax_directory(config.workdir, CHECKPOINT_DIR)
     if common is not None:
         # Agents are saved one after another; a run killed in between leaves some agents one version
         # ahead, and a checkpoint may fail verification. Every agent restores the newest version that all of
         # them hold intact (verified by prepare_resume a moment ago: no second pass over the files).
         for agent, trainer in trainers.items():
-            restore_trainer(trainer, os.path.join(checkpoint_root, agent), policy_version=common, verify=False)
+            restore_trainer(trainer, checkpoint_root / agent, policy_version=common, verify=False)
         logger.info("resumed from %s at policy version %d", checkpoint_root, common)
         return common
     if config.workflow.warmup_steps > 0:
@@ -196,14 +204,17 @@ def _checkpoint(trainers, workdir: str, journal: RunJournal, record: dict, train
     """After an iteration's update: the journal keeps its record and trained sample ids, then every agent's
     state is saved (the journal's invariant: this precedes `mark_consumed`)."""
     journal.before_checkpoint(metrics.to_jsonable(record), trained)
-    save_all(trainers, os.path.join(workdir, CHECKPOINT_DIR), max_to_keep=CHECKPOINTS_KEPT)
+    save_all(trainers, orbax_directory(workdir, CHECKPOINT_DIR), max_to_keep=CHECKPOINTS_KEPT)
 
 
 def _begin_attempt(orchestrator: JointOrchestrator, journal: RunJournal, iteration: int, *, durable: bool) -> None:
     """Records that `iteration` starts (in the journal when the store is `durable`). If an earlier attempt
     started it and failed, or an earlier run died, before its update was checkpointed, the store still holds
     that attempt's unapplied rows: drop them and redo it with fresh input ids."""
-    previous = journal.begin_attempt(iteration) if durable else orchestrator.attempts.get(iteration, -1) + 1
+    if durable:  # several processes: process 0 keeps the journal and tells the others
+        previous = leader_value(journal.begin_attempt(iteration) if journal.writer else 0)
+    else:
+        previous = orchestrator.attempts.get(iteration, -1) + 1
     orchestrator.attempts[iteration] = previous
     if previous:
         dropped = orchestrator.prepare_retry(iteration, previous)
@@ -266,10 +277,11 @@ def run_training(config: RunConfig, *, workdir_locked: bool = False, gantt_itera
 def _run_locked(config: RunConfig, gantt_iterations: int | None) -> int:
     checked = preflight(config)  # models, prompts and memory checked before anything else is written
     workdir = config.workdir
-    with open(os.path.join(workdir, "config.json"), "w") as handle:
-        handle.write(config.to_json(indent=1))  # the typed config, every field (RunConfig.to_dict)
+    leader = is_leader()  # one writer per file: process 0 writes the run's own files
+    if leader:  # the typed config, every field (RunConfig.to_dict)
+        workdir_paths.write_atomically(workdir_path(workdir, "config.json"), config.to_json(indent=1))
     started = time.monotonic()
-    journal = RunJournal(workdir)
+    journal = RunJournal(workdir, writer=leader)
     for stop in journal.stops()[-1:]:
         logger.warning("the previous run on this workdir stopped early (%s at iteration %s: %s); resuming",
                        stop["reason"], stop["iteration"], stop["detail"])
@@ -277,7 +289,7 @@ def _run_locked(config: RunConfig, gantt_iterations: int | None) -> int:
     orchestrator, _agents, store, rollout, start = build_orchestrator(config, checked=checked, beacon=beacon)
     timeline = orchestrator.timeline
     orchestrator.set_horizon(config.iterations)
-    writer = metrics.MetricsWriter(workdir)
+    writer = metrics.MetricsWriter(workdir, persist=leader)
     journal.settle(store, writer, start)
     evaluator = build_evaluator(config, orchestrator)
     current = {"iteration": start}
@@ -323,7 +335,8 @@ def _run_locked(config: RunConfig, gantt_iterations: int | None) -> int:
                 record = run_with_one_retry(orchestrator, iteration, attempt)
                 writer.write(record)
                 journal.iteration_logged()
-                timeline.save(workdir)
+                if leader:
+                    timeline.save(workdir)
                 progress.advance(record)
                 current["iteration"] = iteration + 1
                 if not signals.requested.is_set():
@@ -355,9 +368,13 @@ def _run_locked(config: RunConfig, gantt_iterations: int | None) -> int:
         print(f"flexmarl train: stopped by {detail}; {resume_hint}", file=sys.stderr)
         return signals.exit_code
     metrics.print_summary(writer.records)
+    if not leader:
+        print(f"run finished in {time.monotonic() - started:.1f}s (process {jax.process_index()}; process 0 wrote "
+              f"the metrics and plots)")
+        return 0
     from flexmarl_jax.metrics import plots
 
     paths = plots.plot_all(workdir, timeline, gantt_iterations=gantt_iterations)
-    print(f"run finished in {time.monotonic() - started:.1f}s; metrics: {os.path.join(workdir, 'metrics.jsonl')}; "
+    print(f"run finished in {time.monotonic() - started:.1f}s; metrics: {workdir_path(workdir, 'metrics.jsonl')}; "
           f"plots: {', '.join(str(p) for p in paths)}")
     return 0

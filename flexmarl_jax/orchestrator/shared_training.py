@@ -33,6 +33,7 @@ from jax.sharding import Mesh
 from flexmarl_jax.orchestrator.allocation import TrainerResidency, TrainingSlicePool
 from flexmarl_jax.train.trainer import AgentTrainer
 from flexmarl_jax.transfer import StateStore
+from flexmarl_jax.transfer.across_processes import spans_processes
 
 logger = logging.getLogger(__name__)
 
@@ -127,11 +128,12 @@ class PooledTrainer:
 
     @property
     def params(self):
-        """A host copy (numpy leaves) of the policy parameters: safe to hold while the state moves."""
+        """A host copy (numpy leaves) of the policy parameters: safe to hold while the state moves. Leaves on a
+        slice that spans processes stay there (no host holds all of them; across_processes.py)."""
         with self._lock:
             if self._active is not None:
-                return jax.tree.map(np.asarray, self._trainer.params)
-            return jax.tree.map(np.asarray, self._shared.residency.read(self.agent)["trainable"]["policy"])
+                return jax.tree.map(_host_copy, self._trainer.params)
+            return jax.tree.map(_host_copy, self._shared.residency.read(self.agent)["trainable"]["policy"])
 
     def checkpoint_state(self) -> dict:
         """{"trainable", "opt_state"[, "reference"]} as stored (at an iteration boundary, not active)."""
@@ -141,6 +143,10 @@ class PooledTrainer:
                                    f"suspended ({self.pending_micro_batches} micro-batches pending)")
             state = self._shared.residency.read(self.agent)
             return {key: state[key] for key in ("trainable", "opt_state", "reference") if key in state}
+
+
+def _host_copy(leaf):
+    return leaf if spans_processes(leaf) else np.asarray(leaf)
 
 
 class DedicatedTraining:

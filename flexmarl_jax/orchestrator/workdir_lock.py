@@ -1,5 +1,9 @@
 """One live run per workdir: an exclusive `flock` on `WORKDIR/run.lock`, held for the life of the process.
 
+In a run of several processes (`config.distributed`) each process locks its own file (`run.lock` for process 0,
+`run.process<i>.lock` for process i), so one run's processes share the workdir and a second run's process i
+still fails on process i's lock.
+
 Two runs on one workdir would both claim, checkpoint and journal there and corrupt each other's state, so a
 second `flexmarl train` fails with one line naming the holder before it writes anything. The kernel releases
 an flock when its process dies, however it dies (kill -9 included), so a lock left by a dead run is simply
@@ -16,9 +20,16 @@ import socket
 import sys
 import time
 
+from flexmarl_jax.workdir_paths import is_local
+
 logger = logging.getLogger(__name__)
 
 LOCK_FILE = "run.lock"
+
+
+def lock_file_name(process_index: int = 0) -> str:
+    """The file process ``process_index`` of a run locks (`run.lock` for a single process and process 0)."""
+    return LOCK_FILE if process_index == 0 else f"run.process{process_index}.lock"
 
 
 class WorkdirBusy(RuntimeError):
@@ -35,16 +46,22 @@ def _describe(holder: dict) -> str:
 class WorkdirLock:
     """`acquire()` takes the workdir or raises WorkdirBusy; `release()` (or process exit) gives it back."""
 
-    def __init__(self, workdir: str):
+    def __init__(self, workdir: str, process_index: int = 0):
         self.workdir = workdir
-        self.path = os.path.join(workdir, LOCK_FILE)
+        self.file_name = lock_file_name(process_index)
+        self.path = os.path.join(workdir, self.file_name)
         self._handle = None
         self._created: list[str] = []  # directories acquire() made, outermost first
         self.previous_holder: dict | None = None  # what a dead run left in the file, when we took it over
 
     def acquire(self) -> WorkdirLock:
         """Creates the workdir if needed (the only thing written before the lock is held; `release` removes it
-        again when the run wrote nothing else)."""
+        again when the run wrote nothing else). An object-store workdir (gs://) has no locks: a warning says
+        that one run per workdir is then the launcher's to keep."""
+        if not is_local(self.workdir):
+            logger.warning("workdir %s is on an object store, which has no file locks: make sure one run at a "
+                           "time uses it", self.workdir)
+            return self
         self._created = _missing_directories(self.workdir)
         os.makedirs(self.workdir, exist_ok=True)
         handle = open(self.path, "a+")  # noqa: SIM115 - held open for the life of the lock
@@ -81,7 +98,7 @@ class WorkdirLock:
         if not self._created:
             return
         try:
-            if os.listdir(self.workdir) != [LOCK_FILE]:
+            if os.listdir(self.workdir) != [self.file_name]:
                 return
             os.remove(self.path)
             for directory in reversed(self._created):

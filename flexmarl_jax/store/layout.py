@@ -20,7 +20,6 @@ up to 100 bytes are stored inside the nodes); only its out-of-line values need t
 from __future__ import annotations
 
 import json
-import os
 import zlib
 
 import numpy as np
@@ -30,6 +29,7 @@ from flexmarl_jax.store.backends import STORE_BACKENDS
 from flexmarl_jax.store.corruption import StoreCorrupted
 from flexmarl_jax.store.schema import VERSION_PREFIX, ColumnSpec
 from flexmarl_jax.store.values import REF_FIELDS
+from flexmarl_jax.workdir_paths import kvstore_url
 
 MAX_ROWS = 2**40  # arrays are sparse: unwritten chunks cost nothing
 STORE_DIRNAME = "store"
@@ -40,10 +40,7 @@ BACKENDS = STORE_BACKENDS
 
 def store_url(workdir: str) -> str:
     """The kvstore URL of a workdir's store: ``WORKDIR/store/`` (a local path or ``gs://bucket/path``)."""
-    workdir = str(workdir)
-    if "://" in workdir:
-        return workdir.rstrip("/") + f"/{STORE_DIRNAME}/"
-    return "file://" + os.path.abspath(os.path.join(workdir, STORE_DIRNAME)) + "/"
+    return kvstore_url(workdir, STORE_DIRNAME)
 
 
 def base_kvstore_spec(workdir: str | None, backend: str) -> dict:

@@ -92,7 +92,7 @@ def group_advantages(
     padded_index[:num_samples] = group_index
     # A few host numbers in, host numbers out: run on the host's CPU device rather than queue a transfer and a
     # launch behind rollout or training work on an accelerator.
-    with jax.default_device(jax.devices("cpu")[0]):
+    with jax.default_device(jax.local_devices(backend="cpu")[0]):  # this process's (devices()[0] is process 0's)
         out = _jitted_estimator(fn)(padded_rewards, padded_index, padded_groups, eps)
     return np.asarray(out)[:num_samples]
 
@@ -162,7 +162,7 @@ def gae_from_rewards(rewards: Sequence[float], values: np.ndarray, loss_mask: np
     token_rewards = np.zeros(mask.shape, np.float32)
     token_rewards[rows, last] = rewards
     # Like group_advantages: a few host numbers, computed on the host's CPU device.
-    with jax.default_device(jax.devices("cpu")[0]):
+    with jax.default_device(jax.local_devices(backend="cpu")[0]):  # this process's (devices()[0] is process 0's)
         advantages, returns = _jitted_gae()(token_rewards, np.asarray(values, np.float32), mask, gamma=gamma,
                                             lam=lam)
     return np.asarray(advantages, np.float32), np.asarray(returns, np.float32)

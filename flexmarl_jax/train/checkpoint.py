@@ -30,6 +30,7 @@ from flexmarl_jax.models.config import ModelConfig
 from flexmarl_jax.models.functional import abstract_model
 from flexmarl_jax.train import checkpoint_integrity
 from flexmarl_jax.train.trainer import AgentTrainer
+from flexmarl_jax.workdir_paths import orbax_directory
 
 logger = logging.getLogger(__name__)
 
@@ -71,7 +72,7 @@ def _meta(trainer: AgentTrainer) -> dict:
 
 def _manager(directory: str | os.PathLike, max_to_keep: int | None = None) -> ocp.CheckpointManager:
     options = ocp.CheckpointManagerOptions(max_to_keep=max_to_keep, create=True)
-    return ocp.CheckpointManager(os.path.abspath(os.fspath(directory)), options=options,
+    return ocp.CheckpointManager(orbax_directory(directory), options=options,
                                  item_names=("state", "meta"))
 
 
@@ -140,12 +141,12 @@ def restore_trainer(trainer: AgentTrainer, directory: str | os.PathLike,
 
 def save_all(trainers: Mapping[str, AgentTrainer], root: str | os.PathLike, **kwargs) -> dict[str, int]:
     """Saves every agent under ``root/<agent>``; returns {agent: policy_version}."""
-    return {name: save_trainer(t, os.path.join(os.fspath(root), name), **kwargs) for name, t in trainers.items()}
+    return {name: save_trainer(t, orbax_directory(root, name), **kwargs) for name, t in trainers.items()}
 
 
 def restore_all(trainers: Mapping[str, AgentTrainer], root: str | os.PathLike) -> dict[str, int]:
     """Restores every agent from ``root/<agent>`` (latest version each); returns {agent: policy_version}."""
-    return {name: restore_trainer(t, os.path.join(os.fspath(root), name)) for name, t in trainers.items()}
+    return {name: restore_trainer(t, orbax_directory(root, name)) for name, t in trainers.items()}
 
 
 class PolicySnapshot(NamedTuple):
@@ -159,14 +160,14 @@ class PolicySnapshot(NamedTuple):
 
 def checkpoint_versions(directory: str | os.PathLike) -> list[int]:
     """The policy versions saved under ``directory`` (one agent's checkpoints), ascending; [] if none."""
-    directory = os.path.abspath(os.fspath(directory))
-    if not os.path.isdir(directory):
+    directory = orbax_directory(directory)
+    if not directory.is_dir():
         return []
     with _reader(directory) as manager:
         return sorted(manager.all_steps())
 
 
-def _reader(directory: str) -> ocp.CheckpointManager:
+def _reader(directory) -> ocp.CheckpointManager:
     # create=False: reading never makes a directory (nothing else is written without a save); the handlers let
     # item_metadata see the tree.
     options = ocp.CheckpointManagerOptions(create=False)
@@ -183,7 +184,7 @@ def restore_policy(directory: str | os.PathLike, policy_version: int | None = No
     only. ``policy_version=None`` takes the latest. The arrays keep the dtype they were saved in. The step is
     verified against its manifest first (CheckpointCorrupted).
     """
-    directory = os.path.abspath(os.fspath(directory))
+    directory = orbax_directory(directory)
     versions = checkpoint_versions(directory)
     step = (versions[-1] if versions else None) if policy_version is None else int(policy_version)
     if step is None or step not in versions:

@@ -41,6 +41,7 @@ from flexmarl_jax.models.sampling_distribution import is_plain_softmax, sampling
 from flexmarl_jax.train.batch import ARRAY_FIELDS, MicroBatch, length_buckets, validate_micro_batch
 from flexmarl_jax.train.losses import LOSSES, LossConfig, accumulate_metrics
 from flexmarl_jax.train.optim import OptimizerConfig, make_optimizer
+from flexmarl_jax.transfer.across_processes import to_host
 
 logger = logging.getLogger(__name__)
 
@@ -471,7 +472,8 @@ class AgentTrainer:
         """[micro_batch_size, max_len] float32 critic values (PPO only), for GAE before the iteration."""
         if "critic" not in self._trainable:
             raise ValueError(f"agent {self.agent!r} has no critic (loss {self.config.loss.name!r})")
-        return np.concatenate([np.asarray(self._steps.values_step(self._trainable["critic"], placed))
+        # to_host: on a training mesh over several processes the values are gathered first.
+        return np.concatenate([to_host(self._steps.values_step(self._trainable["critic"], placed))
                                for placed in self._place_passes(batch)])
 
     # ------------------------------------------------------------------------- checkpoint state

@@ -445,6 +445,4 @@ def check_fits(shape: tuple[int, ...], sharding: Sharding, what: str) -> None:
         except Exception as error:  # noqa: BLE001 - re-raised with the leaf named
             raise ValueError(
                 f"target sharding {sharding} does not fit {what} with shape {shape}: {error}") from error
-    if not sharding.is_fully_addressable:
-        raise ValueError(f"target sharding {sharding} for {what} spans devices of other processes; "
-                         "only single-process moves are supported")
+

@@ -15,6 +15,12 @@ frees them (``jax.Array.delete``), so arrays obtained earlier from the store for
 used afterwards (that is what guarantees device memory really is released). Arrays that another key
 of the same store also holds are not freed.
 
+Values on a mesh that spans processes (a training mesh over several hosts) live in every tier too: on host each
+process keeps its own shards (`across_processes.LocalShards`, put back on the same mesh only), and a get onto
+this process's devices gathers the value first, a computation every process of the mesh must issue in the same
+order (`across_processes.replicate_to_local`). The storage tier is Orbax, whose multi-process API has every
+process write its own shards.
+
 Targets for ``get``: a single ``Sharding`` for every leaf, a ``Mesh`` (every leaf keeps the
 PartitionSpec it last had on a device, or is replicated if it never was on one), or a pytree of
 shardings with the value's structure (or a prefix of it). Non-array leaves (e.g. ``policy_version``
@@ -37,6 +43,13 @@ from etils import epath
 from jax.sharding import Mesh, NamedSharding, PartitionSpec, Sharding
 
 from flexmarl_jax.transfer import packing
+from flexmarl_jax.transfer.across_processes import (
+    LocalShards,
+    local_shards,
+    rebuild,
+    replicate_to_local,
+    spans_processes,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -59,7 +72,7 @@ class _Entry:
     specs: list[PartitionSpec | None]  # last PartitionSpec each array leaf had on a device
     tier: str
     device_leaves: list[jax.Array] | None = None
-    host_value: packing.HostPacked | list[np.ndarray] | None = None
+    host_value: packing.HostPacked | list[np.ndarray | LocalShards] | None = None
     storage_path: epath.Path | None = None
 
     @property
@@ -143,10 +156,6 @@ class StateStore:
             shapes=[tuple(a.shape) for a in arrays], dtypes=[np.dtype(a.dtype) for a in arrays],
             specs=[_spec_of(a) for a in arrays], tier="host")
         if arrays and all(on_device):
-            for array, path in zip(arrays, entry.array_paths, strict=True):
-                if not array.is_fully_addressable:
-                    raise ValueError(f"leaf {path} of key {key!r} spans devices of other processes; "
-                                     "the StateStore moves single-process values only")
             entry.tier, entry.device_leaves = "device", list(arrays)
         else:
             entry.host_value = [np.asarray(a) for a in arrays]
@@ -217,7 +226,7 @@ class StateStore:
             return self._rebuild(entry, self._host_arrays(entry))
         shardings = self._resolve_target(key, entry, target)
         if entry.tier == "device":
-            leaves = packing.device_to_device(entry.device_leaves, shardings, packed=self.packed)
+            leaves = self._device_to_device(entry.device_leaves, shardings)
         elif entry.tier == "host":
             leaves = self._host_to_device(entry, shardings)
         else:
@@ -280,14 +289,37 @@ class StateStore:
             leaves[position] = array
         return entry.treedef.unflatten(leaves)
 
-    def _host_arrays(self, entry: _Entry) -> list[np.ndarray]:
+    def _host_arrays(self, entry: _Entry) -> list:
+        """numpy arrays; a leaf kept as this process's shards of a spanning array comes back on its own mesh
+        (no process can hold all of it on host)."""
         if entry.tier == "storage":
             return _restore(entry, None)
         value = entry.host_value
-        return value.to_arrays() if isinstance(value, packing.HostPacked) else list(value)
+        if isinstance(value, packing.HostPacked):
+            return value.to_arrays()
+        return [rebuild(v, v.sharding) if isinstance(v, LocalShards) else v for v in value]
+
+    def _device_to_device(self, arrays: list[jax.Array], shardings: list[Sharding]) -> list[jax.Array]:
+        if not any(spans_processes(a) for a in arrays):
+            return packing.device_to_device(arrays, shardings, packed=self.packed)
+        moved = []
+        for array, sharding in zip(arrays, shardings, strict=True):
+            if array.sharding == sharding or array.sharding.is_equivalent_to(sharding, array.ndim):
+                moved.append(array)
+            elif spans_processes(array) and sharding.is_fully_addressable:
+                moved.append(replicate_to_local(array, sharding))
+            else:
+                moved.append(jax.device_put(array, sharding))
+        return moved
 
     def _host_to_device(self, entry: _Entry, shardings: list[Sharding]) -> list[jax.Array]:
         value = entry.host_value
+        if isinstance(value, list) and any(isinstance(v, LocalShards) for v in value):
+            return [rebuild(v, s) if isinstance(v, LocalShards) else jax.device_put(v, s)
+                    for v, s in zip(value, shardings, strict=True)]
+        if not all(s.is_fully_addressable for s in shardings):  # onto a mesh over several processes: each
+            arrays = value.to_arrays() if isinstance(value, packing.HostPacked) else value  # puts its shards
+            return [jax.device_put(a, s) for a, s in zip(arrays, shardings, strict=True)]
         if isinstance(value, packing.HostPacked) and self.packed:
             layout = packing.layout_for(entry.shapes, entry.dtypes, shardings)
             if layout is not None:
@@ -301,6 +333,10 @@ class StateStore:
         if entry.tier == "storage":
             entry.host_value = _restore(entry, None)
             self._remove_storage(entry)
+        elif any(spans_processes(a) for a in entry.device_leaves):
+            # Each process keeps its own shards: the packed path would gather the whole value on one host.
+            entry.host_value = [local_shards(a) if spans_processes(a) else np.asarray(a) for a in entry.device_leaves]
+            self._free_device(entry)
         else:
             arrays = entry.device_leaves
             layout = packing.layout_for(entry.shapes, entry.dtypes, [a.sharding for a in arrays]) \

@@ -93,7 +93,7 @@ def test_gantt_iterations_reach_the_run(monkeypatch, tmp_path):
     fake_run = types.ModuleType("flexmarl_jax.orchestrator.run")
     fake_run.run_training = lambda config, **kwargs: calls.append(kwargs) or 0
     monkeypatch.setitem(sys.modules, "flexmarl_jax.orchestrator.run", fake_run)
-    monkeypatch.setattr(cli, "_prepare_devices", lambda count: count)
+    monkeypatch.setattr(cli, "_prepare_devices", lambda config: config.mesh.fake_cpu_devices)
     workdir = f"--workdir={tmp_path}"  # the CLI locks the workdir before it calls the run
     assert main(["train", workdir, "--gantt-iterations=7"]) == 0
     assert main(["train", workdir]) == 0

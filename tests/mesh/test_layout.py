@@ -46,3 +46,22 @@ def test_shared_layout_wraps_agents_around_few_devices():
     with pytest.raises(ValueError, match="needs 2 devices"):
         layout_devices(jax.devices()[:1], ["a"], instances_per_agent=1, rollout_devices_per_instance=1,
                        train_devices_per_agent=2, share_between_agents=True)
+
+
+def test_devices_alternate_between_processes_so_instances_and_slices_spread_over_hosts():
+    from collections import namedtuple
+
+    from flexmarl_jax.mesh.layout import interleave_processes, layout_devices
+
+    Device = namedtuple("Device", "id process_index")
+    devices = [Device(i, i // 4) for i in range(8)]  # 2 processes x 4 devices, in JAX's global order
+    ordered = interleave_processes(devices)
+    assert [d.id for d in ordered] == [0, 4, 1, 5, 2, 6, 3, 7]
+    assert interleave_processes(devices[:4]) == devices[:4]  # one process: unchanged
+    layout = layout_devices(ordered, ["solver", "verifier", "corrector"], instances_per_agent=2,
+                            rollout_devices_per_instance=1, train_devices_per_agent=0)
+    for agent in layout.values():  # every agent has an instance on each process
+        assert sorted(group[0].process_index for group in agent.rollout_groups) == [0, 1]
+    used = {group[0] for agent in layout.values() for group in agent.rollout_groups}
+    free = [d for d in ordered if d not in used]
+    assert {d.process_index for d in free[:2]} == {0, 1}  # a training slice of two devices spans both

@@ -1,0 +1,99 @@
+"""Moving arrays that span processes (a training mesh over several hosts) where JAX cannot move them directly.
+
+Measured with JAX 0.10.2 (CPU, gloo): `jax.device_put` from a mesh that spans processes onto another process's
+device is UNIMPLEMENTED, and `np.asarray` of such an array fails (no process holds all of it). What works:
+
+- `replicate_to_local`: a jitted identity whose output is replicated over the source mesh (an all-gather
+  between the processes), after which every process holds the whole value on its own devices of that mesh
+  and places it on its local target. It is a computation on the spanning mesh: every process must issue it,
+  in the same order as its other spanning computations (distributed/ordered_issue.py).
+- `LocalShards` / `rebuild`: a process's own shards copied to host memory and put back on the same sharding
+  later (a suspended trainer's state); no process ever needs another's shards, so nothing crosses hosts.
+
+For a move between hosts that do not share a mesh, the StateStore's storage tier (Orbax on the shared
+workdir) is the path; every process of the source mesh writes its shards there.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+
+import jax
+import numpy as np
+from jax.sharding import NamedSharding, PartitionSpec, Sharding
+
+
+def spans_processes(array) -> bool:
+    """Whether ``array`` is a jax.Array some of whose shards live on other processes' devices."""
+    return isinstance(array, jax.Array) and not array.is_fully_addressable
+
+
+def replicate_to_local(array: jax.Array, target: Sharding) -> jax.Array:
+    """A spanning ``array`` placed on ``target`` (a sharding over this process's devices): gathered to every
+    device of its mesh first (a collective all processes of the mesh issue), then moved locally."""
+    mesh = array.sharding.mesh
+    replicated = _identity(NamedSharding(mesh, PartitionSpec()))(array)
+    whole = replicated.addressable_shards[0].data  # one full copy on a device of this process
+    return jax.device_put(whole, target)
+
+
+@dataclasses.dataclass(frozen=True)
+class LocalShards:
+    """This process's shards of one spanning array, on host, with what puts them back."""
+
+    shape: tuple[int, ...]
+    dtype: np.dtype
+    sharding: Sharding
+    shards: tuple[tuple[jax.Device, np.ndarray], ...]
+
+    @property
+    def nbytes(self) -> int:
+        return sum(data.nbytes for _, data in self.shards)
+
+
+def local_shards(array: jax.Array) -> LocalShards:
+    """Host copies of this process's shards of ``array``.
+
+    An array that `jax.device_put` placed from host onto a spanning mesh can hold per-process buffers that
+    JAX cannot split into shards (JAX 0.10.2: "input arrays must have one shard each"); such an array is
+    first re-laid by a jitted identity on its own sharding (a computation on the spanning mesh, so issued
+    like the others, in order on every process)."""
+    try:
+        shards = array.addressable_shards
+    except ValueError:
+        array = _identity(array.sharding)(array)
+        shards = array.addressable_shards
+    return LocalShards(tuple(array.shape), np.dtype(array.dtype), array.sharding,
+                       tuple((shard.device, np.asarray(shard.data)) for shard in shards))
+
+
+@functools.lru_cache(maxsize=64)
+def _identity(sharding: Sharding):
+    return jax.jit(lambda value: value, out_shardings=sharding)
+
+
+def rebuild(saved: LocalShards, target: Sharding) -> jax.Array:
+    """The array back on ``target``, which must place every shard where it was (the same devices and
+    layout): each process puts back its own shards, so nothing crosses hosts."""
+    if not (target == saved.sharding or target.is_equivalent_to(saved.sharding, len(saved.shape))):
+        raise ValueError(f"a value saved as local shards of {saved.sharding} goes back on that sharding only, "
+                         f"not {target}; move it between meshes through the storage tier (Orbax)")
+    arrays = [jax.device_put(data, device) for device, data in saved.shards]
+    return jax.make_array_from_single_device_arrays(saved.shape, saved.sharding, arrays)
+
+
+def place_on(tree, shardings):
+    """``tree`` placed on ``shardings`` (a pytree of this process's shardings like ``tree``): spanning leaves
+    through `replicate_to_local` (a collective: issue it in the same order on every process), others by
+    `jax.device_put`."""
+    return jax.tree.map(lambda leaf, sharding: replicate_to_local(leaf, sharding) if spans_processes(leaf)
+                        else jax.device_put(leaf, sharding), tree, shardings)
+
+
+def to_host(array) -> np.ndarray:
+    """``array`` as numpy; a spanning one is gathered first (`replicate_to_local`'s collective)."""
+    if spans_processes(array) and not array.is_fully_replicated:
+        array = _identity(NamedSharding(array.sharding.mesh, PartitionSpec()))(array)
+        return np.asarray(array.addressable_shards[0].data)
+    return np.asarray(array)
