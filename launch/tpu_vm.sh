@@ -79,16 +79,17 @@ ssh_all() {  # runs a command on every worker at once
   gcloud compute tpus tpu-vm ssh "$TPU_NAME" "${LOCATION[@]}" --worker=all --command="$1"
 }
 
-# Splits the interleaved "[worker N] line" output of all workers: every line goes to stdout as it comes, and,
-# without its prefix, to LOGS_DIR/worker-N.log.
+# Splits the interleaved "[worker N] line" output of all workers: every line goes to stdout as it comes, and what
+# follows its tag to LOGS_DIR/worker-N.log (anything before the tag, such as a prefix of the ssh client's, is
+# dropped there).
 collect_by_worker() {
   mkdir -p "$LOGS_DIR"
   rm -f "$LOGS_DIR"/worker-*.log
   awk -v dir="$LOGS_DIR" '
     { print; fflush() }
-    match($0, /^\[worker [0-9]+\] /) {
-      file = dir "/worker-" substr($0, 9, RLENGTH - 10) ".log"
-      print substr($0, RLENGTH + 1) >> file
+    match($0, /\[worker [0-9]+\] /) {
+      file = dir "/worker-" substr($0, RSTART + 8, RLENGTH - 10) ".log"
+      print substr($0, RSTART + RLENGTH) >> file
       fflush(file)
     }'
 }
@@ -110,17 +111,25 @@ queued() {
        "--zone=$ZONE' says ACTIVE. Delete it with QUEUED_ID=${QUEUED_ID:-$TPU_NAME} launch/tpu_vm.sh delete"
 }
 
+existing_files() {  # NUL-separated paths under REPO_ROOT in, the ones that exist out
+  local path
+  while IFS= read -r -d '' path; do
+    if [[ -e "$REPO_ROOT/$path" ]]; then printf '%s\0' "$path"; fi
+  done
+}
+
 install() {
   local extras=${EXTRAS:-tpu} staging
   if [[ -n "${REPO_URL:-}" ]]; then
     gcloud compute tpus tpu-vm scp "$HERE/tpu_worker.sh" "$TPU_NAME:" "${LOCATION[@]}" --worker=all
     ssh_all "mkdir -p ~/flexmarl && mv ~/tpu_worker.sh $WORKER_SCRIPT && bash $WORKER_SCRIPT install git $(printf '%q %q' "$REPO_URL" "$extras")"
   else
-    # This tree as git sees it (tracked and untracked files, without what .gitignore leaves out: .venv, runs/).
+    # This tree as git sees it (tracked and untracked files, without what .gitignore leaves out: .venv, runs/;
+    # files deleted but not yet committed are skipped).
     staging=$(mktemp -d)
     trap "rm -rf '$staging'" EXIT  # expanded now: the variable is local to this function
-    git -C "$REPO_ROOT" ls-files -z --cached --others --exclude-standard |
-      tar -C "$REPO_ROOT" --null --ignore-failed-read -T - -czf "$staging/flexmarl-src.tar.gz"
+    git -C "$REPO_ROOT" ls-files -z --cached --others --exclude-standard | existing_files |
+      tar -C "$REPO_ROOT" --null -T - -czf "$staging/flexmarl-src.tar.gz"
     gcloud compute tpus tpu-vm scp "$HERE/tpu_worker.sh" "$staging/flexmarl-src.tar.gz" "$TPU_NAME:" \
       "${LOCATION[@]}" --worker=all
     ssh_all "mkdir -p ~/flexmarl && mv ~/tpu_worker.sh ~/flexmarl-src.tar.gz ~/flexmarl/ && bash $WORKER_SCRIPT install tree ~/flexmarl/flexmarl-src.tar.gz $(printf '%q' "$extras")"

@@ -74,6 +74,10 @@ run_pid() {  # the pid of this worker's run while it is alive; nothing otherwise
 
 train() {
   local running
+  if [[ ! -x "$VENV/bin/flexmarl" ]]; then
+    echo "flexmarl is not installed on this worker (no $VENV/bin/flexmarl): run tpu_vm.sh install first"
+    return 1
+  fi
   running=$(run_pid)
   if [[ -n "$running" ]]; then
     echo "a run is already going on this worker (pid $running); tpu_vm.sh logs follows it"

@@ -105,7 +105,8 @@ def test_install_of_the_local_tree_copies_a_tarball_of_it_to_every_worker(stand_
 
 def test_train_runs_one_process_per_worker_and_collects_each_workers_log(stand_ins, tmp_path):
     stream = tmp_path / "stream.txt"
-    stream.write_text("[worker 0] iteration 1\n[worker 1] joined\ngcloud's own line\n[worker 0] iteration 2\n")
+    stream.write_text("[worker 0] iteration 1\n[worker 1] joined\ngcloud's own line\n[worker 0] iteration 2\n"
+                      "ssh client's prefix: [worker 12] a [worker 1] tag inside the text\n")
     args = ["--config=configs/gsm8k_chain.py:tpu_v5e_32", "--workdir=gs://bucket/run 1", "--config.seed=3"]
     logs = tmp_path / "collected"
     result = stand_ins.run("tpu_vm.sh", "train", *args,
@@ -119,7 +120,8 @@ def test_train_runs_one_process_per_worker_and_collects_each_workers_log(stand_i
     assert result.stdout == stream.read_text()  # streamed as it came
     assert (logs / "worker-0.log").read_text() == "iteration 1\niteration 2\n"
     assert (logs / "worker-1.log").read_text() == "joined\n"
-    assert sorted(path.name for path in logs.iterdir()) == ["worker-0.log", "worker-1.log"]
+    assert (logs / "worker-12.log").read_text() == "a [worker 1] tag inside the text\n"
+    assert sorted(path.name for path in logs.iterdir()) == ["worker-0.log", "worker-1.log", "worker-12.log"]
     only_gcloud(stand_ins)
 
 

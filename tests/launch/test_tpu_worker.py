@@ -63,6 +63,14 @@ def test_a_local_tree_is_the_working_directory(worker):
     assert f"[worker 3] cwd: {worker / 'src'}" in result.stdout.splitlines()
 
 
+def test_train_before_install_says_so(tmp_path):
+    result = run_worker(tmp_path / "flexmarl", "train")
+    assert result.returncode == 1
+    assert result.stdout == (f"[worker 3] flexmarl is not installed on this worker (no {tmp_path}/flexmarl/venv/bin/"
+                             "flexmarl): run tpu_vm.sh install first\n")
+    assert not (tmp_path / "flexmarl" / "logs").exists()
+
+
 def test_a_second_train_on_a_busy_worker_is_refused(worker):
     env = {"PATH": "/usr/bin:/bin", "HOME": str(worker.parent), "FLEXMARL_HOME": str(worker), "TPU_WORKER_ID": "0",
            "FAKE_SLEEP": "30"}
