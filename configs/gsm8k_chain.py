@@ -5,6 +5,8 @@ Builds on configs/tiny.py (every knob not set here is explained there). The chec
 fields: `--config.agents.solver.model=/path/to/Qwen2.5-1.5B-Instruct`, `--config.workflow.task=/path/train.jsonl`.
 Variants (`--config=configs/gsm8k_chain.py:VARIANT`; several joined by commas, with those of configs/tiny.py):
   tpu_v5e_8   one TPU VM host with 8 v5e chips: an engine chip per agent, one shared 4-chip training slice
+  tpu_v5e_32  a v5e-32 pod slice (8 TPU VM workers of 4 chips, one process each): 8 engine chips per agent and
+              one shared 8-chip training slice that spans two workers (docs/launch.md runs it)
   gpu_1       one 80 GB GPU: every agent's rollout and training colocated on it
   cpu_smoke   this CPU: synthetic checkpoints of the same shape family (made on first use, about 10 s) and a
               small GSM8K-format file, 2 iterations
@@ -84,6 +86,22 @@ def _tpu_v5e_8(config: ml_collections.ConfigDict) -> None:
     config.rollout.instances_per_agent = 1
 
 
+def _tpu_v5e_32(config: ml_collections.ConfigDict) -> None:
+    """32 chips of 16 GiB on 8 workers, one process per worker joined by JAX's distributed runtime (coordinator,
+    process count and index auto-detected from the TPU metadata). Rollout gets 24 chips: 8 one-chip engine
+    instances per agent, so no engine spans two workers and the balancer has whole chips to move between agents;
+    their 8 x 64 decode slots hold one iteration's 64 queries x 8 samples of an agent at once. Training gets the
+    other 8 chips as one slice that the agents take in turn (as on tpu_v5e_8): the solver's ~33 GiB of training
+    state is ~4.2 GiB a chip there, and the slice's mesh spans two workers."""
+    config.distributed.enabled = True  # launch/tpu_vm.sh train sets it too; here so a hand-started run joins
+    config.mesh.fake_cpu_devices = 32  # on a CPU host (config checks, tests): the pod slice's global device count
+    config.mesh.rollout_devices_per_instance = 1
+    config.rollout.instances_per_agent = 8  # 3 agents x 8 x 1 chip = 24 chips
+    config.mesh.train_devices_per_agent = 8
+    config.mesh.train_slices = 1  # + 1 x 8 chips = 32
+    config.workflow.queries_per_iteration = 64
+
+
 def _gpu_1(config: ml_collections.ConfigDict) -> None:
     """One 80 GB GPU shared by the whole team."""
     config.mesh.colocate = True
@@ -121,5 +139,6 @@ def _cpu_smoke(config: ml_collections.ConfigDict) -> None:
     config.eval.samples = 2
 
 
-VARIANT_CHANGES = {**tiny.VARIANT_CHANGES, "tpu_v5e_8": _tpu_v5e_8, "gpu_1": _gpu_1, "cpu_smoke": _cpu_smoke}
+VARIANT_CHANGES = {**tiny.VARIANT_CHANGES, "tpu_v5e_8": _tpu_v5e_8, "tpu_v5e_32": _tpu_v5e_32,
+                   "gpu_1": _gpu_1, "cpu_smoke": _cpu_smoke}
 VARIANTS = tuple(VARIANT_CHANGES)
