@@ -176,9 +176,12 @@ class RequestRouter:
         self._dispatch([agent])
         return future
 
-    def check_progress(self, stall_s: float) -> list[str]:
+    def check_progress(self, stall_s: float, first_step_s: float | None = None) -> list[str]:
         """Takes out of routing every instance that holds live requests and finished no step for `stall_s`
-        (router clock); their requests go to the agent's other instances. Returns the names taken out."""
+        (router clock); their requests go to the agent's other instances. Returns the names taken out.
+
+        first_step_s: the limit for an instance that has not finished a step yet (its first step compiles the
+        engine's programs, which on a loaded host takes longer than a step ever should); None: `stall_s`."""
         with self._lock:
             watched = [m for m in self._members.values() if m.state in (SERVING, DRAINING)]
         steps = {m.name: m.instance.progress.steps for m in watched}  # lock-free reads, outside our lock
@@ -192,7 +195,7 @@ class RequestRouter:
                 count = steps[member.name]
                 if member.watch is None or member.watch[0] != count:
                     member.watch = (count, now)  # progress (or newly busy): the clock starts again
-                elif now - member.watch[1] >= stall_s:
+                elif now - member.watch[1] >= (stall_s if count or first_step_s is None else first_step_s):
                     stuck.append(member)
         for member in stuck:
             self._take_out(member, f"instance {member.name} finished no engine step for {stall_s:g} s")

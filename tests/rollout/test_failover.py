@@ -69,6 +69,28 @@ def test_an_instance_without_progress_is_taken_out_and_its_requests_move():
     assert router.stats["stuck"] == 1 and router.stats["completed"] == 3 and stuck.submitted == 1
 
 
+def test_an_instance_compiling_its_first_step_gets_the_longer_first_step_limit():
+    """A cold first step compiles the engine's programs; on the loaded host it outlasted instance_stall_s and took
+    both instances of an agent out of a clean `faults` run. Until its first step ends an instance gets
+    `first_step_s`; after that, `stall_s`."""
+    clock = FakeClock()
+    cold, warm = SteppingFake("s0", "solver", capacity=1), SteppingFake("s1", "solver", capacity=1)
+    router = RequestRouter({"solver": [cold, warm]}, max_retries=1, clock=clock)
+    monitor = InstanceHealthMonitor(router, stall_s=5.0, first_step_s=30.0)
+    for k in range(2):
+        router.submit("solver", RolloutRequest((k, 1)), label=f"q{k}")
+    warm.tick()  # s1 finished a step; s0 is still in its first (compiling) step
+    assert monitor.poll_once() == []  # the clocks start
+    clock.now = 6.0
+    assert monitor.poll_once() == ["s1"]  # 6 s without a step after its first one: stuck
+    clock.now = 29.0
+    assert monitor.poll_once() == []  # s0: 29 s into its first step, within first_step_s
+    clock.now = 31.0
+    assert monitor.poll_once() == ["s0"]  # past it: a first step that never ends is still caught
+    with pytest.raises(ValueError, match=r"first_step_s=1.0 must be >= stall_s=5.0"):
+        InstanceHealthMonitor(router, stall_s=5.0, first_step_s=1.0)
+
+
 def test_failover_retries_are_bounded_and_a_lone_agent_fails_loudly():
     clock = FakeClock()
     first, second = SteppingFake("s0", "solver", capacity=1), SteppingFake("s1", "solver", capacity=1)
