@@ -9,6 +9,11 @@ Each point calls `fire(name, where)`; it returns True when the fault triggers th
 misbehaves in its own way: raise, hang, slow down). `after=n` lets the first n hits pass, `times=k` triggers k
 times (0: every hit from then on), and `where` restricts the fault to one target (an instance's name, an
 agent's name).
+
+Detection points: where the system notices a failure (an instance taken out of routing, a request timed out, an
+iteration retried, a run stopping) it calls `detected(what)`; while a fault is armed the time is kept, so
+`flexmarl bench faults` measures from `fired_at(name)` to the first detection after it. Off, it is the same
+empty-dict check.
 """
 
 from __future__ import annotations
@@ -16,6 +21,7 @@ from __future__ import annotations
 import dataclasses
 import os
 import threading
+import time
 
 FAULTS: dict[str, str] = {
     "instance_crash": "a rollout instance raises in an engine step",
@@ -41,9 +47,11 @@ class _Armed:
     where: str | None = None  # only at this target (None: anywhere)
     hits: int = 0
     fired: int = 0
+    fired_at: float | None = None  # time.time() of the first trigger
 
 
 _armed: dict[str, _Armed] = {}
+_detections: list[tuple[float, str]] = []  # (time.time(), what) of each detection while something is armed
 _lock = threading.Lock()
 hang_release = threading.Event()  # instance_hang blocks until this is set (`disarm` sets it)
 
@@ -69,6 +77,7 @@ def disarm(name: str | None = None) -> None:
     with _lock:
         if name is None:
             _armed.clear()
+            _detections.clear()
         else:
             _armed.pop(check_name(name), None)
         hang_release.set()
@@ -79,6 +88,34 @@ def fired(name: str) -> int:
     with _lock:
         armed = _armed.get(check_name(name))
         return 0 if armed is None else armed.fired
+
+
+def hits(name: str) -> int:
+    """How often the point `name` was reached (at its target) since it was armed, triggering or not."""
+    with _lock:
+        armed = _armed.get(check_name(name))
+        return 0 if armed is None else armed.hits
+
+
+def fired_at(name: str) -> float | None:
+    """The time (`time.time()`) `name` first triggered since it was armed; None if it has not."""
+    with _lock:
+        armed = _armed.get(check_name(name))
+        return None if armed is None else armed.fired_at
+
+
+def detected(what: str) -> None:
+    """Called where the system notices a failure; kept (with the time) only while some fault is armed."""
+    if not _armed:  # the cost when nothing is armed
+        return
+    with _lock:
+        _detections.append((time.time(), what))
+
+
+def detections() -> list[tuple[float, str]]:
+    """Every (time.time(), what) passed to `detected` since the faults were last all disarmed, oldest first."""
+    with _lock:
+        return list(_detections)
 
 
 def fire(name: str, where: str | None = None) -> bool:
@@ -93,6 +130,8 @@ def fire(name: str, where: str | None = None) -> bool:
         if armed.hits <= armed.after or armed.times and armed.fired >= armed.times:
             return False
         armed.fired += 1
+        if armed.fired_at is None:
+            armed.fired_at = time.time()
         return True
 
 

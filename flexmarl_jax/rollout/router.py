@@ -40,6 +40,7 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
+from flexmarl_jax import faults
 from flexmarl_jax.rollout.loop import RolloutRequest, SequenceResult
 from flexmarl_jax.rollout.protocols import RoutableInstance
 from flexmarl_jax.rollout.routing_state import BROKEN, DRAINING, LOADING, SERVING, Attempt, Job, LoadHeaps, Member
@@ -195,11 +196,13 @@ class RequestRouter:
                 count = steps[member.name]
                 if member.watch is None or member.watch[0] != count:
                     member.watch = (count, now)  # progress (or newly busy): the clock starts again
-                elif now - member.watch[1] >= (stall_s if count or first_step_s is None else first_step_s):
-                    stuck.append(member)
-        for member in stuck:
-            self._take_out(member, f"instance {member.name} finished no engine step for {stall_s:g} s")
-        return [member.name for member in stuck]
+                    continue
+                limit = stall_s if count or first_step_s is None else first_step_s
+                if now - member.watch[1] >= limit:
+                    stuck.append((member, limit))
+        for member, limit in stuck:
+            self._take_out(member, f"instance {member.name} finished no engine step for {limit:g} s")
+        return [member.name for member, _ in stuck]
 
     def _take_out(self, member: Member, reason: str) -> None:
         """Marks `member` broken and re-queues (or fails) every live request it holds; never calls it."""
@@ -209,6 +212,7 @@ class RequestRouter:
                 return
             logger.warning("%s; no more requests go to it, its %d request(s) are re-queued", reason,
                            len(member.live_attempts()))
+            faults.detected(reason)
             member.state = BROKEN
             member.version += 1
             self.stats["stuck"] += 1
@@ -248,6 +252,7 @@ class RequestRouter:
                     if job.attempt != attempt.attempt_id or job.deadline is None or now < job.deadline:
                         continue
                     self.stats["timeouts"] += 1
+                    faults.detected(f"a request timed out on {member.name}")
                     job.attempt, job.deadline = None, None
                     cancels.append((member, attempt))
                     reason = f"timed out after {self.timeout_s:g} s on {member.name}"
@@ -418,6 +423,7 @@ class RequestRouter:
             attempt = self._release(member, attempt_id)
             if member.state in (SERVING, DRAINING):
                 logger.warning("instance %s failed (%r); no more requests go to it", member.name, error)
+                faults.detected(f"instance {member.name} failed")
                 member.state = BROKEN
                 member.version += 1
             if attempt is not None and attempt.job.attempt == attempt_id and not attempt.job.finished:
