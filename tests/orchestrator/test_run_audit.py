@@ -14,7 +14,8 @@ def _append(store, agent, input_id, version, samples):
     versions = {"solver": version} if agent == "solver" else {"solver": version, "corrector": version}
     return store.append_rows(agent, input_ids=[input_id] * samples, trajectory_ids=list(range(samples)),
                              group_size=samples, policy_versions=versions,
-                             columns={"reward": np.ones(samples, np.float32), "advantage": np.zeros(samples, np.float32),
+                             columns={"reward": np.ones(samples, np.float32),
+                                      "advantage": np.zeros(samples, np.float32),
                                       "prompt_tokens": [[1]] * samples, "response_tokens": [[2]] * samples,
                                       "behaviour_logprobs": [[-1.0]] * samples})
 
