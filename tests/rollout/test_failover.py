@@ -158,6 +158,37 @@ def test_a_hung_step_blocks_neither_the_instance_nor_the_router_and_its_requests
         healthy.stop(timeout=10)
 
 
+@pytest.mark.timeout(120)
+def test_closing_the_backend_does_not_wait_for_an_instance_taken_out_with_a_hung_step(engine, tiny_model):
+    """bench faults: a run that recovered from instance_hang still exited only after the backend's 30 s join of
+    the hung thread, past run.stall_timeout_s + 30 s from the fault. A taken-out instance is not waited for."""
+    from flexmarl_jax.rollout.routed_backend import RoutedBackend
+
+    hung, healthy = EngineInstance(engine, tiny_model.params, name="hung"), \
+        EngineInstance(engine, tiny_model.params, name="healthy")
+    release = threading.Event()
+    real_step = hung._loop.step
+
+    def hanging_step():
+        release.wait()  # a device call that never returns (until the test ends)
+        real_step()
+
+    hung._loop.step = hanging_step
+    router = RequestRouter({"solver": [hung, healthy]}, max_retries=1)
+    backend = RoutedBackend(router, tiny_model.tokenizer,
+                            services=[InstanceHealthMonitor(router, stall_s=0.5, first_step_s=0.5, poll_s=0.1)])
+    try:
+        prompt = tuple(tiny_model.tokenizer.encode("1+2="))
+        future = router.submit("solver", RolloutRequest(prompt, max_new_tokens=4), label="q0")
+        assert len(future.result(timeout=60)) == 1 and router.members()[0].state == BROKEN
+        # The hung step still holds its thread; the healthy instance's thread is joined.
+        assert _returns_within(backend.close, 10.0)[0]
+        assert healthy._thread is None and not release.is_set()
+    finally:
+        release.set()
+        hung.stop(timeout=10)
+
+
 @pytest.fixture
 def _disarmed():
     from flexmarl_jax import faults
