@@ -46,6 +46,7 @@ class _Armed:
     times: int = 1  # triggers left (0: unlimited)
     where: str | None = None  # only at this target (None: anywhere)
     hits: int = 0
+    hits_at: dict = dataclasses.field(default_factory=dict)  # target -> hits there (`where` of each hit)
     fired: int = 0
     fired_at: float | None = None  # time.time() of the first trigger
 
@@ -90,11 +91,21 @@ def fired(name: str) -> int:
         return 0 if armed is None else armed.fired
 
 
-def hits(name: str) -> int:
-    """How often the point `name` was reached (at its target) since it was armed, triggering or not."""
+def hits(name: str, where: str | None = None) -> int:
+    """How often the point `name` was reached (at its target; with `where`, at that target) since it was armed,
+    triggering or not."""
     with _lock:
         armed = _armed.get(check_name(name))
-        return 0 if armed is None else armed.hits
+        if armed is None:
+            return 0
+        return armed.hits if where is None else armed.hits_at.get(where, 0)
+
+
+def hit_targets(name: str) -> dict[str, int]:
+    """target -> how often the point `name` was reached there since it was armed (targets named by the point)."""
+    with _lock:
+        armed = _armed.get(check_name(name))
+        return {} if armed is None else {where: n for where, n in armed.hits_at.items() if where is not None}
 
 
 def fired_at(name: str) -> float | None:
@@ -127,6 +138,7 @@ def fire(name: str, where: str | None = None) -> bool:
         if armed is None or armed.where is not None and armed.where != where:
             return False
         armed.hits += 1
+        armed.hits_at[where] = armed.hits_at.get(where, 0) + 1
         if armed.hits <= armed.after or armed.times and armed.fired >= armed.times:
             return False
         armed.fired += 1

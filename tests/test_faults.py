@@ -40,6 +40,11 @@ def test_hits_first_trigger_time_and_detections_are_kept_while_armed(monkeypatch
     faults.detected("the run stops (error)")
     (at, what), = faults.detections()
     assert what == "the run stops (error)" and at >= faults.fired_at("store_commit")
+    faults.arm("instance_crash", after=100)  # counted per target: the bench draws an instance's moment from its own
+    for target in ["instance0", "instance1", "instance0"]:
+        assert not faults.fire("instance_crash", target)
+    assert faults.hit_targets("instance_crash") == {"instance0": 2, "instance1": 1}
+    assert faults.hits("instance_crash", "instance0") == 2 and faults.hits("instance_crash") == 3
     faults.disarm()
     assert faults.detections() == [] and faults.hits("store_commit") == 0
 

@@ -37,19 +37,21 @@ class TrialPlan:
 
 
 def plan_trials(types: Sequence[str], trials: int, seed: int, *, hits: Mapping[str, int],
-                instance_names: Sequence[str], run_seconds: float) -> list[TrialPlan]:
+                instance_hits: Mapping[str, int], run_seconds: float) -> list[TrialPlan]:
     """`trials` plans per type, each at a random moment of a run: a hit of its fault point (`hits`: how often a
     clean run reaches each point) or, for sigkill, a time within the clean run's `run_seconds`. An instance fault
-    hits one random instance (its hits: the clean run's over all instances, shared out)."""
+    hits one random instance among those that stepped in the clean run (`instance_hits`: its engine steps there;
+    instances serve very unequal shares, a conditional agent's few)."""
     rng = random.Random(seed)
+    stepping = sorted(name for name, steps in instance_hits.items() if steps > 0)
     plans = []
     for fault in types:
         for index in range(trials):
             if fault == SIGKILL:
                 plans.append(TrialPlan(fault, index, kill_after_s=round(rng.uniform(0.0, run_seconds), 3)))
                 continue
-            where = rng.choice(list(instance_names)) if fault in INSTANCE_FAULTS else None
-            reached = hits[fault] / (len(instance_names) if where is not None else 1)
+            where = rng.choice(stepping) if fault in INSTANCE_FAULTS else None
+            reached = hits[fault] if where is None else instance_hits[where]
             span = int(reached * 0.9) if fault in TIMING_DEPENDENT else int(reached)
             plans.append(TrialPlan(fault, index, after=rng.randrange(max(1, span)),
                                    times=0 if fault == "instance_slow" else 1, where=where))

@@ -10,7 +10,8 @@ so a trial pays for building a run, not for starting Python and JAX, and program
 `fault` arms that fault for the run (`faults.arm`); `count_hits` arms every fault point so that it never triggers,
 to count how often each is reached (the bench's clean calibration run). When the fault first triggers, the worker
 writes `PATH.fired` ({"fired_at"}), so the bench can bound the run from that moment; when the run ends it writes
-PATH: {"exit_code", "error", "unexpected", "started_at", "ended_at", "fired_at", "detections", "hits"}. Times are
+PATH: {"exit_code", "error", "unexpected", "started_at", "ended_at", "fired_at", "detections", "hits", "hits_at"
+(per target)}. Times are
 `time.time()`, comparable across the bench's processes. A run the watchdog ends exits this process (code 3,
 `watchdog.EXIT_STALLED`) before PATH is written; the bench reads the stop from the workdir's journal.
 """
@@ -72,6 +73,8 @@ def run_command(config, command: dict) -> dict:
     result["fired_at"] = faults.fired_at(name) if name else None
     result["detections"] = faults.detections()
     result["hits"] = {point: faults.hits(point) for point in faults.FAULTS} if command.get("count_hits") else {}
+    result["hits_at"] = {point: faults.hit_targets(point) for point in faults.FAULTS} if command.get("count_hits") \
+        else {}
     faults.disarm()  # also releases an instance_hang step, so its thread ends
     return result
 

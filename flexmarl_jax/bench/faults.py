@@ -195,7 +195,8 @@ def calibrate(worker: Worker, root: str) -> dict:
     if result.get("exit_code") != 0:
         raise RuntimeError(f"the clean calibration run failed ({result}); see the worker log in {root}")
     shutil.rmtree(workdir, ignore_errors=True)
-    return {"hits": result["hits"], "run_seconds": result["ended_at"] - result["started_at"]}
+    return {"hits": result["hits"], "instance_steps": result["hits_at"]["instance_crash"],
+            "run_seconds": result["ended_at"] - result["started_at"]}
 
 
 def run_faulted(plan: TrialPlan, workdir: str, out: str, worker: Worker, env: dict[str, str],
@@ -304,7 +305,6 @@ def run_bench(args: argparse.Namespace) -> dict:
     stall_timeout_s = config.run.stall_timeout_s
     samples = config.workflow.queries_per_iteration * config.workflow.samples_per_query
     expected_rows = rows_per_iteration(workflow_from_config(config.workflow), samples)
-    instance_names = [f"instance{n}" for n in range(len(config.agents) * config.rollout.instances_per_agent)]
     results: list[TrialResult] = []
     try:
         print(f"flexmarl bench faults: a clean calibration run (counts the fault points; fills the XLA cache); "
@@ -314,7 +314,8 @@ def run_bench(args: argparse.Namespace) -> dict:
         # is hung whatever its fault: three clean runs' time plus the stall bound.
         run_bound_s = 3 * calibration["run_seconds"] + stall_timeout_s + DETECT_MARGIN_S
         plans = trials_lib.plan_trials(types, args.trials, args.seed, hits=calibration["hits"],
-                                       instance_names=instance_names, run_seconds=calibration["run_seconds"])
+                                       instance_hits=calibration["instance_steps"],
+                                       run_seconds=calibration["run_seconds"])
         columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
                    TextColumn("ETA"), TimeRemainingColumn())
         with Progress(*columns, transient=False) as progress:

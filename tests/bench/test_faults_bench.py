@@ -14,21 +14,21 @@ ISSUE_KEYS = {"trials", "recovered_in_run", "stopped_cleanly", "hangs", "lost_ro
               "max_seconds_to_detect"}
 HITS = {"instance_crash": 600, "instance_hang": 600, "instance_slow": 600, "trainer_error": 24, "store_commit": 50,
         "checkpoint_save": 15, "weight_sync": 15}
-INSTANCES = [f"instance{n}" for n in range(6)]
+STEPS = {"instance0": 300, "instance1": 200, "instance2": 60, "instance3": 40, "instance4": 0, "instance5": 9}
 
 
 def test_trial_plans_are_seeded_and_every_moment_lies_within_a_clean_run():
-    plans = trials_lib.plan_trials(trials_lib.FAULT_TYPES, 20, 7, hits=HITS, instance_names=INSTANCES,
+    plans = trials_lib.plan_trials(trials_lib.FAULT_TYPES, 20, 7, hits=HITS, instance_hits=STEPS,
                                    run_seconds=12.0)
-    assert plans == trials_lib.plan_trials(trials_lib.FAULT_TYPES, 20, 7, hits=HITS, instance_names=INSTANCES,
+    assert plans == trials_lib.plan_trials(trials_lib.FAULT_TYPES, 20, 7, hits=HITS, instance_hits=STEPS,
                                            run_seconds=12.0)
-    assert plans != trials_lib.plan_trials(trials_lib.FAULT_TYPES, 20, 8, hits=HITS, instance_names=INSTANCES,
+    assert plans != trials_lib.plan_trials(trials_lib.FAULT_TYPES, 20, 8, hits=HITS, instance_hits=STEPS,
                                            run_seconds=12.0)
     for plan in plans:
         if plan.fault == trials_lib.SIGKILL:
             assert 0.0 <= plan.kill_after_s <= 12.0
-        elif plan.fault in trials_lib.INSTANCE_FAULTS:  # one instance, within its share of the hits
-            assert plan.where in INSTANCES and 0 <= plan.after < 600 * 0.9 / 6
+        elif plan.fault in trials_lib.INSTANCE_FAULTS:  # one instance that steps, within its steps
+            assert STEPS[plan.where] > 0 and 0 <= plan.after < max(1, int(STEPS[plan.where] * 0.9))
             assert plan.times == (0 if plan.fault == "instance_slow" else 1)
         else:
             assert plan.where is None and 0 <= plan.after < HITS[plan.fault] and plan.times == 1
