@@ -25,7 +25,8 @@ JSON keys: `types.<type>` with the issue's `trials`, `recovered_in_run`, `stoppe
 `double_trained_rows`, `max_seconds_to_detect`, plus `stopped_uncleanly`, `resume_failures`, `late_detections`
 (detections later than `detect_bound_s`) and `not_fired` (trials whose moment came after the run had ended; not in
 `trials`); `trial_details` (every trial: its plan, outcome, timings, exit codes, findings); `acceptance`;
-`calibration`; `seed`, `trials_per_type`, `stall_timeout_s`, `detect_bound_s`, `bench_wall_s`.
+`calibration`; `seed`, `trials_per_type`, `stall_timeout_s`, `detect_bound_s`, `bench_wall_s`; `complete` (False
+in the copy written after each trial, so a bench stopped early leaves what it measured).
 """
 
 from __future__ import annotations
@@ -330,6 +331,10 @@ def run_bench(args: argparse.Namespace) -> dict:
                     resume_and_audit(trial, workdir, workdir + "-resume.json", worker, run_bound_s=run_bound_s,
                                      iterations=config.iterations, expected_rows=expected_rows)
                 results.append(trial)
+                # The figures so far, so that a bench stopped early still leaves its finished trials.
+                write_json(args.json, result_object(results, calibration, args, types, stall_timeout_s=stall_timeout_s,
+                                                    workers_started=worker.started,
+                                                    wall_s=time.perf_counter() - started, complete=False))
                 if not args.workdirs:
                     shutil.rmtree(workdir, ignore_errors=True)
                 progress.advance(task)
@@ -337,11 +342,19 @@ def run_bench(args: argparse.Namespace) -> dict:
         worker.close()
         if not args.workdirs:
             shutil.rmtree(root, ignore_errors=True)
+    return result_object(results, calibration, args, types, stall_timeout_s=stall_timeout_s,
+                         workers_started=worker.started, wall_s=time.perf_counter() - started, complete=True)
+
+
+def result_object(results: Sequence[TrialResult], calibration: dict, args: argparse.Namespace, types: Sequence[str],
+                  *, stall_timeout_s: float, workers_started: int, wall_s: float, complete: bool) -> dict:
+    """The JSON object (module docstring); `complete` is False while trials are still to come."""
     detect_bound_s = stall_timeout_s + DETECT_MARGIN_S
     summary = trials_lib.summarize(results, types, detect_bound_s=detect_bound_s)
     return {
         "types": summary,
         "acceptance": trials_lib.acceptance(summary, args.trials),
+        "complete": complete,
         "trial_details": [trial.as_dict() for trial in results],
         "calibration": calibration,
         "config": f"configs/tiny.py:{CONFIG_VARIANT}" + "".join(f" --config.{item}" for item in args.set),
@@ -349,8 +362,8 @@ def run_bench(args: argparse.Namespace) -> dict:
         "trials_per_type": args.trials,
         "stall_timeout_s": stall_timeout_s,
         "detect_bound_s": detect_bound_s,
-        "workers_started": worker.started,
-        "bench_wall_s": time.perf_counter() - started,
+        "workers_started": workers_started,
+        "bench_wall_s": wall_s,
     }
 
 
