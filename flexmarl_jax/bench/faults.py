@@ -338,6 +338,9 @@ def run_bench(args: argparse.Namespace) -> dict:
                 if not args.workdirs:
                     shutil.rmtree(workdir, ignore_errors=True)
                 progress.advance(task)
+    except BaseException:  # an interrupted bench does not wait for the worker's run to end
+        worker.kill()
+        raise
     finally:
         worker.close()
         if not args.workdirs:
