@@ -66,7 +66,8 @@ def test_one_trial_of_two_fault_types_recovers_or_stops_and_loses_nothing(tmp_pa
     out = tmp_path / "faults.json"
     completed = subprocess.run(
         [sys.executable, "-m", "flexmarl_jax.bench.faults", "--types", "trainer_error,store_commit", "--trials", "1",
-         "--seed", "3", "--set", "iterations=2", "--set", "eval.enabled=false", "--json", str(out)],
+         "--seed", "3", "--set", "iterations=2", "--set", "eval.enabled=false", "--set", "workflow.warmup_steps=0",
+         "--json", str(out)],
         capture_output=True, text=True, check=False)
     assert completed.returncode == 0, completed.stderr[-3000:]
     result = json.loads(out.read_text())
