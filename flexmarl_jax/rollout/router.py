@@ -182,22 +182,30 @@ class RequestRouter:
         (router clock); their requests go to the agent's other instances. Returns the names taken out.
 
         first_step_s: the limit for an instance that has not finished a step yet (its first step compiles the
-        engine's programs, which on a loaded host takes longer than a step ever should); None: `stall_s`."""
+        engine's programs, which on a loaded host takes longer than a step ever should); None: `stall_s`.
+
+        An instance without requests is stuck too when one step has been running that long (a step of a weight
+        swap that never returns): otherwise the next request sent to it would wait out the limit first, and
+        closing the backend would wait for its thread. Its progress clock is the router's (`time.monotonic`)."""
         with self._lock:
             watched = [m for m in self._members.values() if m.state in (SERVING, DRAINING)]
-        steps = {m.name: m.instance.progress.steps for m in watched}  # lock-free reads, outside our lock
+        # Lock-free reads, outside our lock: (steps finished, when the step now running began).
+        progress = {m.name: (m.instance.progress.steps, m.instance.progress.step_started_at) for m in watched}
         now = self.clock()
         stuck = []
         with self._lock:
             for member in watched:
+                count, step_started_at = progress[member.name]
+                limit = stall_s if count or first_step_s is None else first_step_s
                 if member.state not in (SERVING, DRAINING) or not member.live_attempts():
                     member.watch = None
+                    if member.state in (SERVING, DRAINING) and step_started_at is not None and \
+                            now - step_started_at >= limit:
+                        stuck.append((member, limit))
                     continue
-                count = steps[member.name]
                 if member.watch is None or member.watch[0] != count:
                     member.watch = (count, now)  # progress (or newly busy): the clock starts again
                     continue
-                limit = stall_s if count or first_step_s is None else first_step_s
                 if now - member.watch[1] >= limit:
                     stuck.append((member, limit))
         for member, limit in stuck:

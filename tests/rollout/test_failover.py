@@ -91,6 +91,24 @@ def test_an_instance_compiling_its_first_step_gets_the_longer_first_step_limit()
         InstanceHealthMonitor(router, stall_s=5.0, first_step_s=1.0)
 
 
+def test_an_idle_instance_whose_step_never_returns_is_taken_out_before_it_gets_a_request():
+    """bench faults: an instance_hang in a step without requests (a weight swap) went unnoticed, so its thread held
+    the run's exit for the backend's whole join timeout. A step running past the limit marks it stuck, idle or not."""
+    clock = FakeClock()
+    idle, busy = SteppingFake("s0", "solver"), SteppingFake("s1", "solver")
+    for instance in (idle, busy):
+        instance.progress = StepProgress(clock=clock)
+        instance.tick()
+    router = RequestRouter({"solver": [idle, busy]}, max_retries=1, clock=clock)
+    idle.progress.begin()  # a step that never ends, holding no request
+    clock.now = 4.0
+    assert router.check_progress(stall_s=5.0) == []
+    clock.now = 6.0
+    assert router.check_progress(stall_s=5.0) == ["s0"] and router.members()[0].state == BROKEN
+    router.submit("solver", RolloutRequest((1, 1)), label="q1")  # goes to s1: s0 is out of routing
+    assert idle.submitted == 0 and busy.submitted == 1
+
+
 def test_failover_retries_are_bounded_and_a_lone_agent_fails_loudly():
     clock = FakeClock()
     first, second = SteppingFake("s0", "solver", capacity=1), SteppingFake("s1", "solver", capacity=1)
