@@ -9,6 +9,11 @@ Each point calls `fire(name, where)`; it returns True when the fault triggers th
 misbehaves in its own way: raise, hang, slow down). `after=n` lets the first n hits pass, `times=k` triggers k
 times (0: every hit from then on), and `where` restricts the fault to one target (an instance's name, an
 agent's name).
+
+Detection points: where the system notices a failure (an instance taken out of routing, a request timed out, an
+iteration retried, a run stopping) it calls `detected(what)`; while a fault is armed the time is kept, so
+`flexmarl bench faults` measures from `fired_at(name)` to the first detection after it. Off, it is the same
+empty-dict check.
 """
 
 from __future__ import annotations
@@ -16,6 +21,7 @@ from __future__ import annotations
 import dataclasses
 import os
 import threading
+import time
 
 FAULTS: dict[str, str] = {
     "instance_crash": "a rollout instance raises in an engine step",
@@ -40,10 +46,13 @@ class _Armed:
     times: int = 1  # triggers left (0: unlimited)
     where: str | None = None  # only at this target (None: anywhere)
     hits: int = 0
+    hits_at: dict = dataclasses.field(default_factory=dict)  # target -> hits there (`where` of each hit)
     fired: int = 0
+    fired_at: float | None = None  # time.time() of the first trigger
 
 
 _armed: dict[str, _Armed] = {}
+_detections: list[tuple[float, str]] = []  # (time.time(), what) of each detection while something is armed
 _lock = threading.Lock()
 hang_release = threading.Event()  # instance_hang blocks until this is set (`disarm` sets it)
 
@@ -69,6 +78,7 @@ def disarm(name: str | None = None) -> None:
     with _lock:
         if name is None:
             _armed.clear()
+            _detections.clear()
         else:
             _armed.pop(check_name(name), None)
         hang_release.set()
@@ -81,6 +91,44 @@ def fired(name: str) -> int:
         return 0 if armed is None else armed.fired
 
 
+def hits(name: str, where: str | None = None) -> int:
+    """How often the point `name` was reached (at its target; with `where`, at that target) since it was armed,
+    triggering or not."""
+    with _lock:
+        armed = _armed.get(check_name(name))
+        if armed is None:
+            return 0
+        return armed.hits if where is None else armed.hits_at.get(where, 0)
+
+
+def hit_targets(name: str) -> dict[str, int]:
+    """target -> how often the point `name` was reached there since it was armed (targets named by the point)."""
+    with _lock:
+        armed = _armed.get(check_name(name))
+        return {} if armed is None else {where: n for where, n in armed.hits_at.items() if where is not None}
+
+
+def fired_at(name: str) -> float | None:
+    """The time (`time.time()`) `name` first triggered since it was armed; None if it has not."""
+    with _lock:
+        armed = _armed.get(check_name(name))
+        return None if armed is None else armed.fired_at
+
+
+def detected(what: str) -> None:
+    """Called where the system notices a failure; kept (with the time) only while some fault is armed."""
+    if not _armed:  # the cost when nothing is armed
+        return
+    with _lock:
+        _detections.append((time.time(), what))
+
+
+def detections() -> list[tuple[float, str]]:
+    """Every (time.time(), what) passed to `detected` since the faults were last all disarmed, oldest first."""
+    with _lock:
+        return list(_detections)
+
+
 def fire(name: str, where: str | None = None) -> bool:
     """Called at the injection point `name` (at target `where`): True when the fault triggers now."""
     if not _armed:  # the cost when nothing is armed
@@ -90,9 +138,12 @@ def fire(name: str, where: str | None = None) -> bool:
         if armed is None or armed.where is not None and armed.where != where:
             return False
         armed.hits += 1
+        armed.hits_at[where] = armed.hits_at.get(where, 0) + 1
         if armed.hits <= armed.after or armed.times and armed.fired >= armed.times:
             return False
         armed.fired += 1
+        if armed.fired_at is None:
+            armed.fired_at = time.time()
         return True
 
 

@@ -27,6 +27,28 @@ def test_an_armed_fault_triggers_after_and_times_as_asked():
     assert all(faults.fire("weight_sync") for _ in range(5))  # times=0: every hit
 
 
+def test_hits_first_trigger_time_and_detections_are_kept_while_armed(monkeypatch):
+    import time
+
+    faults.detected("an instance failed")  # nothing armed: not kept
+    assert faults.detections() == []
+    faults.arm("store_commit", after=1)
+    assert faults.fired_at("store_commit") is None
+    before = time.time()
+    assert [faults.fire("store_commit") for _ in range(3)] == [False, True, False]
+    assert faults.hits("store_commit") == 3 and before <= faults.fired_at("store_commit") <= time.time()
+    faults.detected("the run stops (error)")
+    (at, what), = faults.detections()
+    assert what == "the run stops (error)" and at >= faults.fired_at("store_commit")
+    faults.arm("instance_crash", after=100)  # counted per target: the bench draws an instance's moment from its own
+    for target in ["instance0", "instance1", "instance0"]:
+        assert not faults.fire("instance_crash", target)
+    assert faults.hit_targets("instance_crash") == {"instance0": 2, "instance1": 1}
+    assert faults.hits("instance_crash", "instance0") == 2 and faults.hits("instance_crash") == 3
+    faults.disarm()
+    assert faults.detections() == [] and faults.hits("store_commit") == 0
+
+
 def test_unknown_names_and_options_list_what_is_known():
     known = ", ".join(faults.FAULTS)
     with pytest.raises(ValueError, match=rf"^unknown fault 'disk_full'; known faults: {known}$"):

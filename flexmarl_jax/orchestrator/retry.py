@@ -14,6 +14,7 @@ import logging
 from collections.abc import Callable
 from typing import Protocol
 
+from flexmarl_jax import faults
 from flexmarl_jax.orchestrator.dispatch import TrainerFailed
 
 logger = logging.getLogger(__name__)
@@ -43,6 +44,7 @@ def run_with_one_retry(orchestrator: Iterations, iteration: int, begin_attempt: 
                                   f"(versions {start} -> {orchestrator.versions()}); not retried") from first
         logger.warning("iteration %d: %s; every row it claimed was released; trying the iteration once more",
                        iteration, first)
+        faults.detected(f"iteration {iteration} retried after a trainer error")
         begin_attempt(iteration)
         try:
             return orchestrator.run_iteration(iteration)

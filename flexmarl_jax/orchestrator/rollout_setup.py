@@ -176,7 +176,10 @@ def build_routed_backend(config: RunConfig, instances: dict[str, list[EngineInst
 
     router = RequestRouter(instances, timeout_s=knobs["timeout_s"], max_retries=knobs["max_retries"],
                            initial_weights=weights, on_migrated=relabel)
-    services: list[Any] = [InstanceHealthMonitor(router, stall_s=config.rollout.instance_stall_s)]
+    # An instance's first step compiles (several seconds on a loaded CPU, minutes for a large model): only the
+    # run's own stall bound applies to it, rollout.instance_stall_s to every step after.
+    services: list[Any] = [InstanceHealthMonitor(router, stall_s=config.rollout.instance_stall_s,
+                                                 first_step_s=config.run.stall_timeout_s)]
     balancer = None
     if config.pipeline.balancing and config.pipeline.mode == "flexmarl":
         balancer = InstanceBalancer(router, delta=knobs["delta"], cooldown_s=knobs["cooldown_s"],

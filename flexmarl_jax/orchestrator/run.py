@@ -305,6 +305,7 @@ def _run_locked(config: RunConfig, gantt_iterations: int | None) -> int:
             progress.report_eval(record)
 
     def mark(reason: str, detail: str) -> None:
+        faults.detected(f"the run stops ({reason})")
         journal.record_stop(reason, iteration=current["iteration"], detail=detail)
 
     def stalled(idle_s: float, what: str) -> None:  # the watchdog's thread: the run may be hung anywhere

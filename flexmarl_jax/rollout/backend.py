@@ -112,16 +112,18 @@ class EngineBackend:
         for instance in self.instances[agent]:
             instance.update_params(params, version)
 
-    def close(self, timeout_s: float = 30.0) -> None:
+    def close(self, timeout_s: float = 30.0, *, abandon: Sequence[Any] = ()) -> None:
         """Stops every instance's thread: all are asked at once, then joined within one shared `timeout_s` (an
-        instance whose step never returns is left behind rather than holding up the others)."""
+        instance whose step never returns is left behind rather than holding up the others). Instances in
+        `abandon` (known to be stuck) are asked, never waited for: the run's exit is not delayed by them."""
         if self._started:
             every = [instance for agent_instances in self.instances.values() for instance in agent_instances]
             for instance in every:
                 instance.request_stop()
             deadline = time.monotonic() + timeout_s
             for instance in every:
-                instance.stop(timeout=max(0.1, deadline - time.monotonic()))
+                if not any(instance is stuck for stuck in abandon):
+                    instance.stop(timeout=max(0.1, deadline - time.monotonic()))
             self._started = False
 
     def __enter__(self) -> EngineBackend:

@@ -14,6 +14,7 @@ from typing import Any
 from flexmarl_jax.rollout.backend import EngineBackend
 from flexmarl_jax.rollout.loop import RolloutRequest
 from flexmarl_jax.rollout.router import RequestRouter
+from flexmarl_jax.rollout.routing_state import BROKEN
 
 
 class RoutedBackend(EngineBackend):
@@ -50,6 +51,8 @@ class RoutedBackend(EngineBackend):
         self.router.update_params(agent, params, version)
 
     def close(self) -> None:
+        """Stops the services, then the instances; one the router took out of routing (a step that raised or
+        never returned) is not waited for: a hung step would hold the run's exit for the whole join timeout."""
         for service in self.services:
             service.stop()
-        super().close()
+        super().close(abandon=[member.instance for member in self.router.members() if member.state == BROKEN])

@@ -40,6 +40,7 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
+from flexmarl_jax import faults
 from flexmarl_jax.rollout.loop import RolloutRequest, SequenceResult
 from flexmarl_jax.rollout.protocols import RoutableInstance
 from flexmarl_jax.rollout.routing_state import BROKEN, DRAINING, LOADING, SERVING, Attempt, Job, LoadHeaps, Member
@@ -176,27 +177,40 @@ class RequestRouter:
         self._dispatch([agent])
         return future
 
-    def check_progress(self, stall_s: float) -> list[str]:
+    def check_progress(self, stall_s: float, first_step_s: float | None = None) -> list[str]:
         """Takes out of routing every instance that holds live requests and finished no step for `stall_s`
-        (router clock); their requests go to the agent's other instances. Returns the names taken out."""
+        (router clock); their requests go to the agent's other instances. Returns the names taken out.
+
+        first_step_s: the limit for an instance that has not finished a step yet (its first step compiles the
+        engine's programs, which on a loaded host takes longer than a step ever should); None: `stall_s`.
+
+        An instance without requests is stuck too when one step has been running that long (a step of a weight
+        swap that never returns): otherwise the next request sent to it would wait out the limit first, and
+        closing the backend would wait for its thread. Its progress clock is the router's (`time.monotonic`)."""
         with self._lock:
             watched = [m for m in self._members.values() if m.state in (SERVING, DRAINING)]
-        steps = {m.name: m.instance.progress.steps for m in watched}  # lock-free reads, outside our lock
+        # Lock-free reads, outside our lock: (steps finished, when the step now running began).
+        progress = {m.name: (m.instance.progress.steps, m.instance.progress.step_started_at) for m in watched}
         now = self.clock()
         stuck = []
         with self._lock:
             for member in watched:
+                count, step_started_at = progress[member.name]
+                limit = stall_s if count or first_step_s is None else first_step_s
                 if member.state not in (SERVING, DRAINING) or not member.live_attempts():
                     member.watch = None
+                    if member.state in (SERVING, DRAINING) and step_started_at is not None and \
+                            now - step_started_at >= limit:
+                        stuck.append((member, limit))
                     continue
-                count = steps[member.name]
                 if member.watch is None or member.watch[0] != count:
                     member.watch = (count, now)  # progress (or newly busy): the clock starts again
-                elif now - member.watch[1] >= stall_s:
-                    stuck.append(member)
-        for member in stuck:
-            self._take_out(member, f"instance {member.name} finished no engine step for {stall_s:g} s")
-        return [member.name for member in stuck]
+                    continue
+                if now - member.watch[1] >= limit:
+                    stuck.append((member, limit))
+        for member, limit in stuck:
+            self._take_out(member, f"instance {member.name} finished no engine step for {limit:g} s")
+        return [member.name for member, _ in stuck]
 
     def _take_out(self, member: Member, reason: str) -> None:
         """Marks `member` broken and re-queues (or fails) every live request it holds; never calls it."""
@@ -206,6 +220,7 @@ class RequestRouter:
                 return
             logger.warning("%s; no more requests go to it, its %d request(s) are re-queued", reason,
                            len(member.live_attempts()))
+            faults.detected(reason)
             member.state = BROKEN
             member.version += 1
             self.stats["stuck"] += 1
@@ -245,6 +260,7 @@ class RequestRouter:
                     if job.attempt != attempt.attempt_id or job.deadline is None or now < job.deadline:
                         continue
                     self.stats["timeouts"] += 1
+                    faults.detected(f"a request timed out on {member.name}")
                     job.attempt, job.deadline = None, None
                     cancels.append((member, attempt))
                     reason = f"timed out after {self.timeout_s:g} s on {member.name}"
@@ -415,6 +431,7 @@ class RequestRouter:
             attempt = self._release(member, attempt_id)
             if member.state in (SERVING, DRAINING):
                 logger.warning("instance %s failed (%r); no more requests go to it", member.name, error)
+                faults.detected(f"instance {member.name} failed")
                 member.state = BROKEN
                 member.version += 1
             if attempt is not None and attempt.job.attempt == attempt_id and not attempt.job.finished:

@@ -13,21 +13,13 @@ import time
 import pytest
 
 from flexmarl_jax import faults
+from flexmarl_jax.orchestrator.run_audit import iteration_records
 
 # Enough iterations that the SIGTERM below lands before the last one wherever the failed commit left the run
 # (with 4, a commit failing in iteration 2 left SIGTERM to land in the last iteration, which then just finished).
 ITERATIONS = 6
 ARGS = ["--config=configs/tiny.py:smoke", "--config.store.backend=file", f"--config.iterations={ITERATIONS}",
         "--config.eval.enabled=false", "--config.pipeline.debug_invariants=true"]
-
-
-def _iterations(workdir):
-    path = os.path.join(workdir, "metrics.jsonl")
-    if not os.path.exists(path):
-        return []
-    with open(path) as handle:
-        records = [json.loads(line) for line in handle if line.endswith("\n")]
-    return [record for record in records if record.get("kind", "iteration") == "iteration"]
 
 
 def _stop_line(capsys) -> str:
@@ -58,7 +50,7 @@ def test_failed_save_sync_commit_and_sigterm_each_stop_the_run_and_it_resumes(tm
     assert run_with_fault("checkpoint_save:after=4") == 1
     line = _stop_line(capsys)
     assert "iteration 0 failed: injected fault checkpoint_save at " in line and hint in line
-    assert _iterations(workdir) == []
+    assert iteration_records(workdir) == []
     # 2. Syncs: 3 at the start, then 3 per iteration: the 5th is iteration 0's (redone) second agent's.
     assert run_with_fault("weight_sync:after=4") == 1
     line = _stop_line(capsys)
@@ -68,11 +60,11 @@ def test_failed_save_sync_commit_and_sigterm_each_stop_the_run_and_it_resumes(tm
     line = _stop_line(capsys)
     assert "injected fault store_commit" in line and hint in line
     # 4. SIGTERM once a new iteration is recorded: that iteration's successor finishes, then the run stops.
-    recorded = len(_iterations(workdir))  # the resume writes iteration 0's record, kept with its checkpoint
+    recorded = len(iteration_records(workdir))  # the resume writes iteration 0's record, kept with its checkpoint
 
     def terminate_after_an_iteration() -> None:
         deadline = time.monotonic() + 600
-        while len(_iterations(workdir)) <= max(recorded, 1) and time.monotonic() < deadline:
+        while len(iteration_records(workdir)) <= max(recorded, 1) and time.monotonic() < deadline:
             time.sleep(0.05)
         os.kill(os.getpid(), signal.SIGTERM)
 
@@ -80,7 +72,7 @@ def test_failed_save_sync_commit_and_sigterm_each_stop_the_run_and_it_resumes(tm
     killer.start()
     assert main(train) == 128 + signal.SIGTERM
     killer.join(5)
-    stopped_at = len(_iterations(workdir))
+    stopped_at = len(iteration_records(workdir))
     assert 2 <= stopped_at < ITERATIONS
     line = _stop_line(capsys)
     assert f"stopped by SIGTERM after iteration {stopped_at - 1} (checkpointed)" in line and hint in line
@@ -88,7 +80,7 @@ def test_failed_save_sync_commit_and_sigterm_each_stop_the_run_and_it_resumes(tm
     assert [stop["reason"] for stop in RunJournal(workdir).stops()] == ["error", "error", "error", "signal"]
     # 5. The resume runs to the end.
     assert main(train) == 0
-    records = _iterations(workdir)
+    records = iteration_records(workdir)
     assert [r["iteration"] for r in records] == list(range(ITERATIONS))  # each recorded exactly once
     store = ExperienceStore.open(workdir, backend="file", must_exist=True)
     try:

@@ -9,6 +9,8 @@ import time
 
 import pytest
 
+from flexmarl_jax.orchestrator.run_audit import iteration_records
+
 ARGS = ["--config=configs/tiny.py:smoke", "--config.store.backend=file", "--config.iterations=3",
         "--config.pipeline.debug_invariants=true"]
 
@@ -20,35 +22,26 @@ def _train(workdir, **kwargs):
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env, **kwargs)
 
 
-def _metrics(workdir):
-    path = os.path.join(workdir, "metrics.jsonl")
-    if not os.path.exists(path):
-        return []
-    with open(path) as handle:
-        records = [json.loads(line) for line in handle if line.endswith("\n")]
-    return [record for record in records if record.get("kind", "iteration") == "iteration"]  # not the evals
-
-
 @pytest.mark.timeout(600)
 def test_sigkill_mid_run_then_resume(tmp_path):
     workdir = str(tmp_path / "run")
     first = _train(workdir)
     deadline = time.monotonic() + 400
-    while not _metrics(workdir):
+    while not iteration_records(workdir):
         assert first.poll() is None, first.stdout.read()
         assert time.monotonic() < deadline, "the first iteration never finished"
         time.sleep(0.1)
     time.sleep(0.5)  # inside iteration 1 or its checkpoint (iterations take ~0.6 s, checkpoints more)
     first.send_signal(signal.SIGKILL)
     first.wait()
-    killed_at = len(_metrics(workdir))
+    killed_at = len(iteration_records(workdir))
     assert killed_at < 3
 
     second = _train(workdir)
     output, _ = second.communicate(timeout=400)
     assert second.returncode == 0, output
 
-    records = _metrics(workdir)
+    records = iteration_records(workdir)
     assert [r["iteration"] for r in records] == [0, 1, 2]  # each iteration recorded exactly once
     assert all(version == 3 for version in records[-1]["policy_version"].values())
 
@@ -81,10 +74,10 @@ def test_a_pending_record_is_kept_only_when_its_iteration_was_checkpointed(tmp_p
     pending = tmp_path / PENDING_RECORD
     pending.write_text(json.dumps({"iteration": 1, "team_accuracy": 0.2}))
     RunJournal(str(tmp_path)).settle(None, writer, start=1)  # iteration 1 is redone: its record is dropped
-    assert not pending.exists() and [r["iteration"] for r in _metrics(tmp_path)] == [0]
+    assert not pending.exists() and [r["iteration"] for r in iteration_records(tmp_path)] == [0]
     pending.write_text(json.dumps({"iteration": 1, "team_accuracy": 0.2}))
     RunJournal(str(tmp_path)).settle(None, writer, start=2)  # checkpointed, but its metrics line was lost
-    assert not pending.exists() and [r["iteration"] for r in _metrics(tmp_path)] == [0, 1]
+    assert not pending.exists() and [r["iteration"] for r in iteration_records(tmp_path)] == [0, 1]
 
 
 def test_rows_of_a_checkpointed_iteration_are_consumed_on_resume(tmp_path):

@@ -69,6 +69,46 @@ def test_an_instance_without_progress_is_taken_out_and_its_requests_move():
     assert router.stats["stuck"] == 1 and router.stats["completed"] == 3 and stuck.submitted == 1
 
 
+def test_an_instance_compiling_its_first_step_gets_the_longer_first_step_limit():
+    """A cold first step compiles the engine's programs; on the loaded host it outlasted instance_stall_s and took
+    both instances of an agent out of a clean `faults` run. Until its first step ends an instance gets
+    `first_step_s`; after that, `stall_s`."""
+    clock = FakeClock()
+    cold, warm = SteppingFake("s0", "solver", capacity=1), SteppingFake("s1", "solver", capacity=1)
+    router = RequestRouter({"solver": [cold, warm]}, max_retries=1, clock=clock)
+    monitor = InstanceHealthMonitor(router, stall_s=5.0, first_step_s=30.0)
+    for k in range(2):
+        router.submit("solver", RolloutRequest((k, 1)), label=f"q{k}")
+    warm.tick()  # s1 finished a step; s0 is still in its first (compiling) step
+    assert monitor.poll_once() == []  # the clocks start
+    clock.now = 6.0
+    assert monitor.poll_once() == ["s1"]  # 6 s without a step after its first one: stuck
+    clock.now = 29.0
+    assert monitor.poll_once() == []  # s0: 29 s into its first step, within first_step_s
+    clock.now = 31.0
+    assert monitor.poll_once() == ["s0"]  # past it: a first step that never ends is still caught
+    with pytest.raises(ValueError, match=r"first_step_s=1.0 must be >= stall_s=5.0"):
+        InstanceHealthMonitor(router, stall_s=5.0, first_step_s=1.0)
+
+
+def test_an_idle_instance_whose_step_never_returns_is_taken_out_before_it_gets_a_request():
+    """bench faults: an instance_hang in a step without requests (a weight swap) went unnoticed, so its thread held
+    the run's exit for the backend's whole join timeout. A step running past the limit marks it stuck, idle or not."""
+    clock = FakeClock()
+    idle, busy = SteppingFake("s0", "solver"), SteppingFake("s1", "solver")
+    for instance in (idle, busy):
+        instance.progress = StepProgress(clock=clock)
+        instance.tick()
+    router = RequestRouter({"solver": [idle, busy]}, max_retries=1, clock=clock)
+    idle.progress.begin()  # a step that never ends, holding no request
+    clock.now = 4.0
+    assert router.check_progress(stall_s=5.0) == []
+    clock.now = 6.0
+    assert router.check_progress(stall_s=5.0) == ["s0"] and router.members()[0].state == BROKEN
+    router.submit("solver", RolloutRequest((1, 1)), label="q1")  # goes to s1: s0 is out of routing
+    assert idle.submitted == 0 and busy.submitted == 1
+
+
 def test_failover_retries_are_bounded_and_a_lone_agent_fails_loudly():
     clock = FakeClock()
     first, second = SteppingFake("s0", "solver", capacity=1), SteppingFake("s1", "solver", capacity=1)
@@ -134,6 +174,37 @@ def test_a_hung_step_blocks_neither_the_instance_nor_the_router_and_its_requests
         release.set()
         hung.stop(timeout=10)
         healthy.stop(timeout=10)
+
+
+@pytest.mark.timeout(120)
+def test_closing_the_backend_does_not_wait_for_an_instance_taken_out_with_a_hung_step(engine, tiny_model):
+    """bench faults: a run that recovered from instance_hang still exited only after the backend's 30 s join of
+    the hung thread, past run.stall_timeout_s + 30 s from the fault. A taken-out instance is not waited for."""
+    from flexmarl_jax.rollout.routed_backend import RoutedBackend
+
+    hung, healthy = EngineInstance(engine, tiny_model.params, name="hung"), \
+        EngineInstance(engine, tiny_model.params, name="healthy")
+    release = threading.Event()
+    real_step = hung._loop.step
+
+    def hanging_step():
+        release.wait()  # a device call that never returns (until the test ends)
+        real_step()
+
+    hung._loop.step = hanging_step
+    router = RequestRouter({"solver": [hung, healthy]}, max_retries=1)
+    backend = RoutedBackend(router, tiny_model.tokenizer,
+                            services=[InstanceHealthMonitor(router, stall_s=0.5, first_step_s=0.5, poll_s=0.1)])
+    try:
+        prompt = tuple(tiny_model.tokenizer.encode("1+2="))
+        future = router.submit("solver", RolloutRequest(prompt, max_new_tokens=4), label="q0")
+        assert len(future.result(timeout=60)) == 1 and router.members()[0].state == BROKEN
+        # The hung step still holds its thread; the healthy instance's thread is joined.
+        assert _returns_within(backend.close, 10.0)[0]
+        assert healthy._thread is None and not release.is_set()
+    finally:
+        release.set()
+        hung.stop(timeout=10)
 
 
 @pytest.fixture
