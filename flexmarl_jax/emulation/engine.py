@@ -36,6 +36,7 @@ from flax import struct
 
 from flexmarl_jax.emulation.cost_model import CostModel
 from flexmarl_jax.emulation.timescale import TimeScale
+from flexmarl_jax.rollout.engine_shape import EngineShapeFromConfig
 from flexmarl_jax.rollout.jetstream_compat import engine_api, tokenizer_pb2
 from flexmarl_jax.rollout.results import LogProbResultTokens
 from flexmarl_jax.rollout.settings import EngineConfig
@@ -141,7 +142,7 @@ class EmulatedDecodeState:
     live: np.ndarray
 
 
-class EmulatedEngine(engine_api.Engine):
+class EmulatedEngine(EngineShapeFromConfig, engine_api.Engine):
     """A `FlexEngine` look-alike whose device time is `cost_model`'s, compressed by `timescale`.
 
     Args:
@@ -233,23 +234,7 @@ class EmulatedEngine(engine_api.Engine):
         return tokenizer_pb2.TokenizerParameters(path=f"emulated:{type(self.tokenizer).__name__}", extra_ids=0)
 
     @property
-    def max_concurrent_decodes(self) -> int:
-        return self.config.max_concurrent_decodes
-
-    @property
-    def samples_per_slot(self) -> int:
-        return 1
-
-    @property
-    def max_prefill_length(self) -> int:
-        return self.config.max_prefill_length
-
-    @property
     def mesh(self) -> Any:
-        return None
-
-    @property
-    def colocated_cpus(self) -> None:
         return None
 
 
