@@ -116,6 +116,11 @@ class CostModel:
                        + batch * context * self.kv_bytes_per_token())
         return self._roofline_s(flops, bytes_moved) + self.tensor_parallel_s(batch, passes=1)
 
+    def decode_steps_s(self, batch: int, context: float, steps: int) -> float:
+        """`steps` consecutive decode steps of the same `batch` slots, the first at `context`, each one position
+        further: exactly the sum of those single steps (what an engine advancing several tokens per call owes)."""
+        return sum(self.decode_step_s(batch, context + step) for step in range(steps))
+
     # ------------------------------------------------------------------ training
 
     def train_micro_batch_s(self, rows: int, length: int) -> float:

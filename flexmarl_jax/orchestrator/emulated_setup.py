@@ -6,7 +6,7 @@ instead of trainers, engines and weight sync on real devices. The control plane 
 * engines: `rollout.instances_per_agent` `TimedInstance`s per agent over `EmulatedEngine`s of
   `mesh.rollout_devices_per_instance` chips each, scripted lengths (`rollout.max_response_length` each, or
   long-tailed around `pipeline.emulate_median_response`), behind the real router / balancer or least-loaded
-  backend (`rollout_setup.backend_for`);
+  backend (`rollout_setup.backend_for`), each advancing up to `pipeline.emulate_tokens_per_call` steps per call;
 * weight sync: `EmulatedWeightSync`: the model's bytes over `pipeline.emulate_sync_link` (one link per
   training chip), then the placeholder weights go to the instances as real weights would.
 Every emulated duration is divided by `pipeline.emulate_compression`.
@@ -96,6 +96,7 @@ def start_emulated_engines(config: RunConfig, emulation: Emulation, runtimes: Ma
         instances = []
         for _ in range(config.rollout.instances_per_agent):
             engine = EmulatedEngine(emulation.rollout, engine_config, runtime.tokenizer, script,
+                                    tokens_per_call=config.pipeline.emulate_tokens_per_call,
                                     timescale=emulation.timescale)
             instance = TimedInstance(engine, placeholder_params(), policy_version=runtime.trainer.policy_version,
                                      name=f"instance{number}")
