@@ -28,6 +28,12 @@ class Chip:
     interconnect: the chip-to-chip link's name (ICI, NVLink).
     interconnect_bytes_per_s: its bidirectional bandwidth per chip, bytes/s.
     source: the spec page the figures come from.
+    call_overhead_s: fixed seconds every device call (a prefill, a decode step, a training micro-batch, an
+      apply) takes on top of its roofline: dispatch and launch. Spec sheets publish none, and next to a 14B
+      model's milliseconds it is small, so the spec-sheet chips leave it 0; a measured chip (this host,
+      `emulation/host_probe.py`) carries what was measured, where a tiny model's calls are mostly this.
+    one_device: every emulated device of a run is this same piece of silicon, so all their work queues on one
+      timeline (this host: the fake XLA CPU devices of a run share its cores); False for real chips.
     """
 
     name: str
@@ -38,6 +44,8 @@ class Chip:
     interconnect: str
     interconnect_bytes_per_s: float
     source: str
+    call_overhead_s: float = 0.0
+    one_device: bool = False
 
     @property
     def interconnect_one_way_bytes_per_s(self) -> float:
@@ -98,6 +106,15 @@ LINKS: dict[str, Link] = {
     # A 100 Gbit/s data-center NIC (TPU v5e hosts have two: the v5e page's "2 x 100 Gbps NIC" per host).
     "dcn100": Link("dcn100", 12.5e9),
 }
+
+
+def register_chip(chip: Chip) -> Chip:
+    """Adds a measured chip (this host's, `emulation/host_probe.py`) to `CHIPS` for this process, so that
+    `--emulate NAME:MODEL` can name it; a spec-sheet chip's name is refused."""
+    if chip.name in CHIPS and CHIPS[chip.name].source.startswith("https://"):
+        raise ValueError(f"chip name {chip.name!r} is a spec-sheet chip's; a measured chip needs another name")
+    CHIPS[chip.name] = chip
+    return chip
 
 
 def get_chip(name: str) -> Chip:

@@ -163,11 +163,13 @@ class EmulatedEngine(EngineShapeFromConfig, engine_api.Engine):
       script: the tokens each sample emits.
       timescale: device seconds -> wall seconds (default: real time).
       clock: the wall clock (tests may pass a fake one).
+      device: the queue its work runs on (default: a queue of its own; a chip whose emulated devices are one
+        piece of silicon, `Chip.one_device`, gives every engine and trainer the same one).
     """
 
     def __init__(self, cost_model: CostModel, engine_config: EngineConfig, tokenizer: Any, script: ScriptedTokens,
                  *, tokens_per_call: int = 1, timescale: TimeScale | None = None,
-                 clock: Callable[[], float] = time.perf_counter):
+                 clock: Callable[[], float] = time.perf_counter, device: DeviceQueue | None = None):
         if isinstance(tokens_per_call, bool) or not isinstance(tokens_per_call, int) or tokens_per_call < 1:
             raise ValueError(f"tokens_per_call={tokens_per_call!r} must be an int >= 1")
         self.cost_model = cost_model
@@ -176,7 +178,7 @@ class EmulatedEngine(EngineShapeFromConfig, engine_api.Engine):
         self.config = engine_config
         self.tokenizer = tokenizer
         self.script = script
-        self.device = DeviceQueue(timescale or TimeScale(), clock)
+        self.device = device if device is not None else DeviceQueue(timescale or TimeScale(), clock)
         self._decoding = False  # whether the last generate left live slots (the loop then calls again at once)
         self._finished_last_call = False  # whether a slot ended in the last generate (the next one is one step)
         self.steps_advanced = 0  # decode steps charged so far (over every generate call)
