@@ -109,49 +109,55 @@ def repeated(calls: Mapping[str, int]) -> tuple[str, ...]:
     return tuple(agent for agent, count in calls.items() for _ in range(count))
 
 
-MA_PROPOSER_CALLS = {f"proposer{index}": calls for index, calls in enumerate((4, 3, 2) + (1,) * 11)}
+def mixture_team(proposer_calls: Mapping[str, int]) -> Callable[[ml_collections.ConfigDict], None]:
+    """configs/mixture.py's team with these proposers (each called as often as given) and the aggregator."""
+
+    def team(config: ml_collections.ConfigDict) -> None:
+        from flexmarl_jax.configs import mixture
+
+        mixture_config = mixture.base_config()
+        config.workflow.name = "mixture"
+        config.workflow.options = mixture_config.workflow.options
+        config.workflow.shaping_weights = mixture_config.workflow.shaping_weights
+        config.workflow.options.proposers = repeated(proposer_calls)
+        _agents(config, (*proposer_calls, "aggregator"))
+
+    return team
 
 
-def math_team(config: ml_collections.ConfigDict) -> None:
-    """configs/mixture.py's team with the 14 proposers of `MA_PROPOSER_CALLS` and the aggregator."""
-    from flexmarl_jax.configs import mixture
-
-    mixture_config = mixture.base_config()
-    config.workflow.name = "mixture"
-    config.workflow.options = mixture_config.workflow.options
-    config.workflow.shaping_weights = mixture_config.workflow.shaping_weights
-    config.workflow.options.proposers = repeated(MA_PROPOSER_CALLS)
-    _agents(config, (*MA_PROPOSER_CALLS, "aggregator"))
-
-
-CA_CODER_CALLS = {f"coder{index}": calls for index, calls in enumerate((3, 2, 1, 1, 1, 1))}
-CA_TESTER_CALLS = {"tester0": 2, "tester1": 1, "tester2": 1}
-
-
-def coding_team(config: ml_collections.ConfigDict) -> None:
+def coding_team(coder_calls: Mapping[str, int],
+                tester_calls: Mapping[str, int]) -> Callable[[ml_collections.ConfigDict], None]:
     """planner -> (every coder call, every tester call) -> reviewer, as a `dag` workflow (workflows/builtin.py);
     a repeated agent's calls are separate nodes with their own turns."""
-    workers = [(f"{agent}_{index}", agent) for index, agent in
-               enumerate(repeated(CA_CODER_CALLS) + repeated(CA_TESTER_CALLS))]
-    nodes = [{"agent": "planner", "turn": 0}]
-    nodes += [{"name": name, "agent": agent, "template": "{prompt}{planner}>", "turn": 1 + index}
-              for index, (name, agent) in enumerate(workers)]
-    nodes.append({"agent": "reviewer", "template": "{prompt}{inputs}?", "turn": 1 + len(workers)})
-    options = ml_collections.ConfigDict()
-    options.nodes = tuple(nodes)
-    options.edges = tuple([("planner", name) for name, _ in workers] + [(name, "reviewer") for name, _ in workers])
-    options.answer_from = ("reviewer",)
-    options.max_field_chars = 6  # upstream answers cut to this many characters in the reviewer's prompt
-    config.workflow.name = "dag"
-    config.workflow.options = options
-    config.workflow.shaping_weights = ml_collections.ConfigDict({"own_answer_correct": 0.5})
-    _agents(config, ("planner", *CA_CODER_CALLS, *CA_TESTER_CALLS, "reviewer"))
+
+    def team(config: ml_collections.ConfigDict) -> None:
+        workers = [(f"{agent}_{index}", agent) for index, agent in
+                   enumerate(repeated(coder_calls) + repeated(tester_calls))]
+        nodes = [{"agent": "planner", "turn": 0}]
+        nodes += [{"name": name, "agent": agent, "template": "{prompt}{planner}>", "turn": 1 + index}
+                  for index, (name, agent) in enumerate(workers)]
+        nodes.append({"agent": "reviewer", "template": "{prompt}{inputs}?", "turn": 1 + len(workers)})
+        options = ml_collections.ConfigDict()
+        options.nodes = tuple(nodes)
+        options.edges = tuple([("planner", name) for name, _ in workers]
+                              + [(name, "reviewer") for name, _ in workers])
+        options.answer_from = ("reviewer",)
+        options.max_field_chars = 6  # upstream answers cut to this many characters in the reviewer's prompt
+        config.workflow.name = "dag"
+        config.workflow.options = options
+        config.workflow.shaping_weights = ml_collections.ConfigDict({"own_answer_correct": 0.5})
+        _agents(config, ("planner", *coder_calls, *tester_calls, "reviewer"))
+
+    return team
 
 
-MA = Preset(name="MA", team=math_team, overrides={"pipeline.emulate": "v5p:qwen2.5-14b"})
-CA = Preset(name="CA", team=coding_team, overrides={"pipeline.emulate": "v5p:qwen2.5-32b",
-                                                    "mesh.rollout_devices_per_instance": 2,
-                                                    "mesh.train_devices_per_agent": 8})
+MA_PROPOSER_CALLS = {f"proposer{index}": calls for index, calls in enumerate((4, 3, 2) + (1,) * 11)}
+CA_CODER_CALLS = {f"coder{index}": calls for index, calls in enumerate((3, 2, 1, 1, 1, 1))}
+CA_TESTER_CALLS = {"tester0": 2, "tester1": 1, "tester2": 1}
+MA = Preset(name="MA", team=mixture_team(MA_PROPOSER_CALLS), overrides={"pipeline.emulate": "v5p:qwen2.5-14b"})
+CA = Preset(name="CA", team=coding_team(CA_CODER_CALLS, CA_TESTER_CALLS),
+            overrides={"pipeline.emulate": "v5p:qwen2.5-32b", "mesh.rollout_devices_per_instance": 2,
+                       "mesh.train_devices_per_agent": 8})
 PRESETS: dict[str, Preset] = {"MA": MA, "CA": CA}
 # The FlexMARL paper's figures for each preset, printed beside ours (a pair is the paper's range).
 PAPER = {

@@ -68,7 +68,7 @@ def run_mode(preset: Preset, mode: str, overrides: Mapping[str, object], *, seed
     engines = [instance.engine for instance in built.rollout.instances if instance.engine.device.calls]
     busy = sum(engine.device.timescale.wall_s(engine.device.device_s) for engine in engines)
     stall_share = sum(engine.device.host_stall_s for engine in engines) / busy if busy else 0.0
-    calls = sum(engine.device.calls for engine in engines)
+    calls = sum(engine.generate_calls for engine in engines)
     steps = sum(engine.steps_advanced for engine in engines)
     return {
         "e2e_s": wall / len(timed) * compression,  # device seconds per iteration
@@ -80,7 +80,7 @@ def run_mode(preset: Preset, mode: str, overrides: Mapping[str, object], *, seed
         # their busy wall time they sat waiting for the host with work pending, and what a call lasted.
         "host_stall_share": stall_share,
         "host_overhead_within_bound": stall_share < MAX_HOST_OVERHEAD_SHARE,
-        "engine_calls": calls,
+        "generate_calls": calls,
         "decode_steps_per_call": steps / calls if calls else 0.0,
         "compressed_step_s": busy / steps if steps else 0.0,  # wall seconds of one emulated decode step
         "mode_wall_s": time.perf_counter() - started,

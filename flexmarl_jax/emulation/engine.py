@@ -182,6 +182,7 @@ class EmulatedEngine(EngineShapeFromConfig, engine_api.Engine):
         self._decoding = False  # whether the last generate left live slots (the loop then calls again at once)
         self._finished_last_call = False  # whether a slot ended in the last generate (the next one is one step)
         self.steps_advanced = 0  # decode steps charged so far (over every generate call)
+        self.generate_calls = 0
 
     # ----------------------------------------------------------------- what the rollout loop calls
     def init_decode_state(self, *args, **kwargs) -> EmulatedDecodeState:
@@ -234,6 +235,7 @@ class EmulatedEngine(EngineShapeFromConfig, engine_api.Engine):
         state.generated += steps
         state.positions += steps
         self.steps_advanced += steps
+        self.generate_calls += 1
         state.live &= ~finished
         self._finished_last_call = bool(finished.any())
         self._decoding = bool(state.live.any())

@@ -203,3 +203,22 @@ def test_a_call_of_several_steps_ends_at_the_first_slot_that_ends_then_takes_one
     assert calls == [[9, 9, 9], [0, 1, 1], [0, 16, 16], [0, 4, 4], [0, 0, 1]]
     with pytest.raises(ValueError, match=r"^tokens_per_call=0 must be an int >= 1"):
         EmulatedEngine(engine.cost_model, config, tokenizer, script, tokens_per_call=0)
+
+
+def test_engines_on_one_device_queue_their_work_one_after_another():
+    """A `one_device` chip (this host): two engines share one timeline, so their steps add up rather than overlap."""
+    clock = FakeClock()
+    shared = DeviceQueue(TimeScale(1.0), clock)
+    tokenizer = CharTokenizer()
+    config = EngineConfig(max_concurrent_decodes=2, max_prefill_length=16, max_decode_length=64)
+    model = CostModel(get_preset("qwen2.5-14b"), get_chip("v5p"))
+    script = ScriptedTokens(tokenizer.eos_id, 7, fixed_length(5))
+    engines = [EmulatedEngine(model, config, tokenizer, script, clock=clock, device=shared) for _ in range(2)]
+    ready = []
+    for engine in engines:
+        prefix = engine.prefill_batch(None, np.zeros((1, 16), np.int32), [4], [SlotSampling()])
+        state = engine.insert_many(prefix, engine.init_decode_state(), [0], [0])
+        ready.append(engine.generate(None, state)[1].ready_at)
+    prefill, step = model.prefill_s(1, 4), model.decode_step_s(1, 4)
+    assert ready == pytest.approx([prefill + step, 2 * (prefill + step)], rel=1e-12)  # nothing ran side by side
+    assert shared.device_s == pytest.approx(2 * (prefill + step), rel=1e-12) and shared.calls == 4
