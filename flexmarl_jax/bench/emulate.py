@@ -1,13 +1,15 @@
 """`flexmarl bench emulate`: the FlexMARL paper's comparisons on emulated chips (`pipeline.emulate`).
 
-Each preset (`_emulate_presets.py`: MA, the paper's math-agent team with a 14B model on TPU v5p) runs in every
+Each preset (`_emulate_presets.py`: MA, the paper's math-agent team with a 14B model on TPU v5p, and CA, the
+coding-agent team with a 32B model) runs in every
 mode of `Preset.modes` (serial, sync, flexmarl and the ablations without asynchrony, without balancing and with
 static allocation) through the real orchestrator, store, router, balancer and dispatchers, with trainers,
 engines and weight sync taking the cost model's time. Per mode: E2E seconds per iteration in *device*
 seconds (wall x compression), generated tokens per device second, training-pool utilization (training
 seconds / (slices x wall)), and the share of the emulated engines' busy time the host stalled them
 (`host_stall_share`: above `MAX_HOST_OVERHEAD_SHARE`, this host's own overhead shows in the figures, and the
-run says so in `host_overhead_within_bound`).
+run says so in `host_overhead_within_bound`), with the decode steps an emulated engine advanced per call and
+the wall seconds of one compressed step.
 
 The headline figures of a preset, fractions as in the paper (1.03 = +103%):
   speedup_vs_serial / speedup_vs_sync      E2E of serial / sync over flexmarl's
@@ -15,7 +17,9 @@ The headline figures of a preset, fractions as in the paper (1.03 = +103%):
   throughput_loss_without_balancing        1 - tokens per second(no_balancing) / tokens per second(flexmarl)
   train_utilization                        flexmarl's training-pool utilization (static_allocation's beside it)
 
-Not yet here: the CA preset and the calibration against a run on this CPU (`calibration` is null).
+First, unless `--no-calibration`: the default tiny workload run on this CPU for real against the same config
+emulated on this host's measured chip (`_emulate_calibration.py`); `calibration` -> {mode: {measured_e2e_s,
+predicted_e2e_s, relative_error}} for serial, sync and flexmarl, `calibration_host_chip` the chip as measured.
 """
 
 from __future__ import annotations
