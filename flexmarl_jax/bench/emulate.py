@@ -144,7 +144,8 @@ def print_summary(result: Mapping[str, Any]) -> None:
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(prog="flexmarl bench emulate", description=__doc__.split("\n\n")[0])
     parser.add_argument("--json", default=None, help="write the result object here")
-    parser.add_argument("--presets", default=",".join(PRESETS), help=f"comma-separated subset of {list(PRESETS)}")
+    parser.add_argument("--presets", default=",".join(PRESETS),
+                        help=f"comma-separated subset of {list(PRESETS)}; empty: the calibration alone")
     parser.add_argument("--modes", default=None, help="comma-separated modes (default: all of Preset.modes)")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--emulate", default=None, metavar="CHIP:MODEL",
@@ -155,7 +156,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--no-calibration", action="store_true",
                         help="skip the calibration (the default tiny workload on this CPU against its cost model)")
     args = parser.parse_args(argv)
-    unknown = [name for name in args.presets.split(",") if name not in PRESETS]
+    args.preset_names = [name for name in args.presets.split(",") if name]
+    unknown = [name for name in args.preset_names if name not in PRESETS]
     if unknown:
         parser.error(f"--presets: unknown preset(s) {unknown}; choices: {', '.join(PRESETS)}")
     every_mode = list(next(iter(PRESETS.values())).modes())
@@ -180,7 +182,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     if args.changes:  # a key or value the config refuses: one line now, not after the first preset has run
         from flexmarl_jax.config import ConfigError, RunConfig
 
-        for name in args.presets.split(","):
+        for name in args.preset_names:
             preset = PRESETS[name]
             try:
                 RunConfig.from_config(preset.config_dict(preset.modes()["flexmarl"], seed=args.seed, workdir="unused",
@@ -200,7 +202,7 @@ def main(argv: list[str] | None = None) -> int:
 
             result["calibration"], result["calibration_host_chip"] = calibrate(
                 seed=args.seed, root=os.path.join(root, "calibration"))
-        for name in args.presets.split(","):
+        for name in args.preset_names:
             preset = PRESETS[name]
             modes = args.modes.split(",") if args.modes else list(preset.modes())
             result["presets"][name] = run_preset(preset, modes, seed=args.seed, root=root, changes=args.changes)
