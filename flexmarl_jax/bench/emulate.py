@@ -43,8 +43,10 @@ def ratio(numerator: float | None, denominator: float | None) -> float | None:
 
 
 def run_mode(preset: Preset, mode: str, overrides: Mapping[str, object], *, seed: int, root: str,
-             changes: Mapping[str, object] | None = None) -> dict[str, Any]:
-    """One mode of a preset: an untimed first iteration, then `preset.iterations` timed ones."""
+             changes: Mapping[str, object] | None = None, plots_dir: str | None = None,
+             gantt_iterations: int | None = None) -> dict[str, Any]:
+    """One mode of a preset: an untimed first iteration, then `preset.iterations` timed ones; with `plots_dir`,
+    its Gantt chart (the last `gantt_iterations`) and load plots go to `plots_dir/<preset>/<mode>`."""
     from flexmarl_jax.config import RunConfig
     from flexmarl_jax.emulation.timescale import MAX_HOST_OVERHEAD_SHARE
     from flexmarl_jax.orchestrator.run import build_orchestrator
@@ -67,6 +69,11 @@ def run_mode(preset: Preset, mode: str, overrides: Mapping[str, object], *, seed
     finally:
         built.rollout.shutdown()
         built.store.close()
+    if plots_dir is not None:
+        from flexmarl_jax.metrics import plots
+
+        plots.plot_all(config.workdir, orchestrator.timeline, os.path.join(plots_dir, preset.name, mode),
+                       gantt_iterations=gantt_iterations)
     compression = config.pipeline.emulate_compression
     wall = sum(it["wall_s"] for it in timed)
     engines = [instance.engine for instance in built.rollout.instances if instance.engine.device.calls]
@@ -109,14 +116,14 @@ def headline(modes: Mapping[str, dict[str, Any]]) -> dict[str, Any]:
     }
 
 
-def run_preset(preset: Preset, modes: list[str], *, seed: int, root: str,
-               changes: Mapping[str, object]) -> dict[str, Any]:
+def run_preset(preset: Preset, modes: list[str], *, seed: int, root: str, changes: Mapping[str, object],
+               plots_dir: str | None = None, gantt_iterations: int | None = None) -> dict[str, Any]:
     started = time.perf_counter()
     every = preset.modes()
     results = {}
     for mode in modes:
         results[mode] = run_mode(preset, mode, every[mode], seed=seed, root=os.path.join(root, preset.name),
-                                 changes=changes)
+                                 changes=changes, plots_dir=plots_dir, gantt_iterations=gantt_iterations)
         logger.info("%s %s: %s", preset.name, mode, results[mode])
     return {**headline(results), "wall_s": time.perf_counter() - started, "modes": results,
             "preset": {"name": preset.name, "iterations": preset.iterations, "overrides": dict(preset.overrides),
@@ -153,9 +160,15 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                         help="a config override for every preset and mode, e.g. --set rollout.max_response_length=1024 "
                         "(repeatable; the JSON records it)")
+    parser.add_argument("--plots", default=None, metavar="DIR",
+                        help="write each mode's Gantt chart and load plots under DIR/<preset>/<mode>")
+    parser.add_argument("--gantt-iterations", type=int, default=None, metavar="K",
+                        help="the Gantt chart's window: the last K iterations (0: the whole run)")
     parser.add_argument("--no-calibration", action="store_true",
                         help="skip the calibration (the default tiny workload on this CPU against its cost model)")
     args = parser.parse_args(argv)
+    if args.gantt_iterations is not None and args.gantt_iterations < 0:
+        parser.error(f"--gantt-iterations={args.gantt_iterations} must be >= 0 (0: the whole run)")
     args.preset_names = [name for name in args.presets.split(",") if name]
     unknown = [name for name in args.preset_names if name not in PRESETS]
     if unknown:
@@ -205,7 +218,8 @@ def main(argv: list[str] | None = None) -> int:
         for name in args.preset_names:
             preset = PRESETS[name]
             modes = args.modes.split(",") if args.modes else list(preset.modes())
-            result["presets"][name] = run_preset(preset, modes, seed=args.seed, root=root, changes=args.changes)
+            result["presets"][name] = run_preset(preset, modes, seed=args.seed, root=root, changes=args.changes,
+                                                 plots_dir=args.plots, gantt_iterations=args.gantt_iterations)
     result["bench_wall_s"] = time.perf_counter() - started
     print_summary(result)
     write_json(args.json, result)

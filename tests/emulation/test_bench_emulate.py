@@ -78,11 +78,12 @@ def test_a_small_preset_runs_a_mode_through_the_orchestrator(team, tmp_path):
         "pipeline.emulate_median_response": 4, "rollout.instances_per_agent": 1, "workflow.queries_per_iteration": 1,
         "pipeline.emulate_compression": 20.0})
     numbers = emulate.run_mode(preset, "flexmarl", {**preset.modes()["flexmarl"], "mesh.train_slices": 1}, seed=0,
-                               root=str(tmp_path))
+                               root=str(tmp_path), plots_dir=str(tmp_path / "plots"), gantt_iterations=1)
     assert numbers["e2e_s"] > 0 and numbers["tokens_per_s"] > 0
     assert numbers["e2e_s"] == pytest.approx(numbers["wall_s_per_iteration"] * 20.0)
     assert 0 < numbers["train_utilization"] <= 1 and numbers["host_stall_share"] >= 0
     assert numbers["generate_calls"] > 0 and numbers["decode_steps_per_call"] >= 1
+    assert (tmp_path / "plots" / "small" / "flexmarl" / "gantt.png").stat().st_size > 0
 
 
 @pytest.mark.parametrize("argv, message", [
@@ -95,6 +96,7 @@ def test_a_small_preset_runs_a_mode_through_the_orchestrator(team, tmp_path):
     (["--set", "pipeline.emulate_mfu=1.5"], "config.pipeline.emulate_mfu=1.5 is outside (0, 1]"),
     (["--set", "pipeline.emulate_mfu=0"], "config.pipeline.emulate_mfu=0.0 is outside (0, 1]"),
     (["--set", "pipeline.emulate_compression=0.5"], "config.pipeline.emulate_compression=0.5 must be >= 1"),
+    (["--gantt-iterations", "-1"], "--gantt-iterations=-1 must be >= 0"),
 ])
 def test_bad_input_is_one_line_naming_the_value_and_the_choices(argv, message, capsys):
     with pytest.raises(SystemExit) as exit_info:
