@@ -157,6 +157,9 @@ def base_config() -> ml_collections.ConfigDict:
     config.pipeline.emulate_median_response = 0
     # Link a weight sync crosses, one per chip in parallel: dcn100 | pcie4 | pcie5 | interconnect (the chip's own)
     config.pipeline.emulate_sync_link = "dcn100"
+    # Decode steps an emulated engine advances per call at most, each charged as a single step (1 = one per call,
+    # like a real engine). Many per call keep this host's per-call overhead below 10% of the emulated step.
+    config.pipeline.emulate_tokens_per_call = 64
 
     # Hangs and stops (docs/architecture.md, "Failures"). When no iteration, micro-batch or decode step made progress
     # for stall_timeout_s (> 0), the run writes every thread's stack to the log, marks its journal (stops.jsonl)

@@ -111,6 +111,12 @@ def resource_devices(agents) -> dict[str, tuple]:
     runtime (`orchestrator.agents.AgentRuntime`: its devices and its instances as built)."""
     mapping = {}
     for name, runtime in agents.items():
+        if runtime.devices is None:  # emulated (pipeline.emulate): each resource on chips of its own
+            mapping[f"train/{name}"] = tuple(f"train/{name}#{chip}" for chip in range(runtime.trainer.cost_model.chips))
+            for instance in runtime.instances:
+                chips = instance.engine.cost_model.chips
+                mapping[f"rollout/{instance.name}"] = tuple(f"rollout/{instance.name}#{chip}" for chip in range(chips))
+            continue
         mapping[f"train/{name}"] = tuple(d.id for d in runtime.devices.train_devices)
         for group, instance in zip(runtime.devices.rollout_groups, runtime.instances, strict=True):
             mapping[f"rollout/{instance.name}"] = tuple(d.id for d in group)
@@ -390,7 +396,19 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--pace-ms", type=float, default=10.0,
                         help="also run every mode with engine steps padded to this long (0: raw CPU only)")
     add_config_overrides(parser, "every mode", "rollout.decode_slots=4")
+    parser.add_argument("--emulate", default=None, metavar="CHIP:MODEL",
+                        help="emulated devices for every mode (pipeline.emulate, e.g. v5p:qwen2.5-14b): the cost "
+                        "model's device time under the real control plane; no pacing (the emulation sets the pace)")
     args = parser.parse_args(argv)
+    if args.emulate is not None:
+        from flexmarl_jax.emulation.spec import parse_emulate
+
+        try:
+            parse_emulate(args.emulate)
+        except ValueError as error:
+            parser.error(f"--emulate: {error}")
+        args.set.append(f"pipeline.emulate={args.emulate}")
+        args.pace_ms = 0.0
     config_overrides(parser, args.set)
     checked_subset(parser, "--modes", args.modes, list(MODES), "mode")
     if args.iterations is not None and args.iterations < 1:

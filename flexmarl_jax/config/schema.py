@@ -324,6 +324,10 @@ class PipelineConfig(Section):
                                            "rollout.max_response_length; 0 = every response that long")
     emulate_sync_link: str = setting("dcn100", rule=_emulate_link_rule,
                                      help="emulate: the link a weight sync crosses (one per chip, in parallel)")
+    emulate_tokens_per_call: int = setting(64, rule=positive,
+                                           help="emulate: decode steps an emulated engine advances per call at most "
+                                           "(charged as that many single steps; 1 = one per call, like a real "
+                                           "engine); fewer host calls per token keep the host's overhead hidden")
 
 
 STOP_MODES = ("finish", "abandon")  # what SIGTERM/SIGINT do with the running iteration

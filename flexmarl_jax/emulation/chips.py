@@ -28,6 +28,12 @@ class Chip:
     interconnect: the chip-to-chip link's name (ICI, NVLink).
     interconnect_bytes_per_s: its bidirectional bandwidth per chip, bytes/s.
     source: the spec page the figures come from.
+    call_overhead_s: fixed seconds every device call (a prefill, a decode step, a training micro-batch, an
+      apply) takes on top of its roofline: dispatch and launch. Spec sheets publish none, and next to a 14B
+      model's milliseconds it is small, so the spec-sheet chips leave it 0; a measured chip (this host,
+      `emulation/host_probe.py`) carries what was measured, where a tiny model's calls are mostly this.
+    one_device: every emulated device of a run is this same piece of silicon, so all their work queues on one
+      timeline (this host: the fake XLA CPU devices of a run share its cores); False for real chips.
     """
 
     name: str
@@ -38,6 +44,8 @@ class Chip:
     interconnect: str
     interconnect_bytes_per_s: float
     source: str
+    call_overhead_s: float = 0.0
+    one_device: bool = False
 
     @property
     def interconnect_one_way_bytes_per_s(self) -> float:
@@ -54,44 +62,39 @@ class Link:
     latency_s: float = 0.0
 
 
-CHIPS: dict[str, Chip] = {
+def _spec_sheet_chip(name: str, title: str, *, bf16_tflops: float, hbm_gb_per_s: float, hbm_gb: float,
+                     interconnect: str, interconnect_gb_per_s: float, source: str) -> Chip:
+    """A `Chip` from its spec sheet's figures in the units the sheets print them (TFLOP/s, GB/s, GB)."""
+    return Chip(name=name, title=title, peak_bf16_flops=bf16_tflops * 1e12, hbm_bytes_per_s=hbm_gb_per_s * 1e9,
+                hbm_bytes=hbm_gb * 1e9, interconnect=interconnect,
+                interconnect_bytes_per_s=interconnect_gb_per_s * 1e9, source=source)
+
+
+CHIPS: dict[str, Chip] = {chip.name: chip for chip in (
     # Cloud TPU v5e page, "System architecture" table: 197 TFLOPs bf16 per chip; HBM2 16 GB at 819 GBps;
     # bidirectional ICI bandwidth 400 GBps per chip. (An older version of the page gave the ICI figure as
     # "1600 Gbps" = 200 GB/s; the current table's 400 GBps bidirectional is used.)
-    "v5e": Chip(
-        name="v5e", title="Cloud TPU v5e", peak_bf16_flops=197e12, hbm_bytes_per_s=819e9, hbm_bytes=16e9,
-        interconnect="ICI", interconnect_bytes_per_s=400e9,
-        source="https://cloud.google.com/tpu/docs/v5e",
-    ),
+    _spec_sheet_chip("v5e", "Cloud TPU v5e", bf16_tflops=197, hbm_gb_per_s=819, hbm_gb=16, interconnect="ICI",
+                     interconnect_gb_per_s=400, source="https://cloud.google.com/tpu/docs/v5e"),
     # Cloud TPU v5p page, key specifications: 459 TFLOPs bf16 per chip; HBM2e 95 GB at 2765 GBps;
     # bidirectional ICI bandwidth 1200 GBps per chip (older wording: "4800 Gbps").
-    "v5p": Chip(
-        name="v5p", title="Cloud TPU v5p", peak_bf16_flops=459e12, hbm_bytes_per_s=2765e9, hbm_bytes=95e9,
-        interconnect="ICI", interconnect_bytes_per_s=1200e9,
-        source="https://cloud.google.com/tpu/docs/v5p",
-    ),
+    _spec_sheet_chip("v5p", "Cloud TPU v5p", bf16_tflops=459, hbm_gb_per_s=2765, hbm_gb=95, interconnect="ICI",
+                     interconnect_gb_per_s=1200, source="https://cloud.google.com/tpu/docs/v5p"),
     # Cloud TPU v6e (Trillium) page, "System architecture" table: 918 TFLOPs bf16 per chip; HBM 32 GB at
     # 1638 GBps; bidirectional ICI bandwidth 800 GBps per chip.
-    "v6e": Chip(
-        name="v6e", title="Cloud TPU v6e (Trillium)", peak_bf16_flops=918e12, hbm_bytes_per_s=1638e9,
-        hbm_bytes=32e9, interconnect="ICI", interconnect_bytes_per_s=800e9,
-        source="https://cloud.google.com/tpu/docs/v6e",
-    ),
+    _spec_sheet_chip("v6e", "Cloud TPU v6e (Trillium)", bf16_tflops=918, hbm_gb_per_s=1638, hbm_gb=32,
+                     interconnect="ICI", interconnect_gb_per_s=800, source="https://cloud.google.com/tpu/docs/v6e"),
     # NVIDIA H100 product page / datasheet, SXM column: BF16 Tensor Core 1,979 TFLOPS "with sparsity", so
     # 989.5 TFLOPS dense; 80 GB HBM3 at 3.35 TB/s; NVLink 900 GB/s (bidirectional per GPU).
-    "h100": Chip(
-        name="h100", title="NVIDIA H100 SXM", peak_bf16_flops=989.5e12, hbm_bytes_per_s=3.35e12, hbm_bytes=80e9,
-        interconnect="NVLink", interconnect_bytes_per_s=900e9,
-        source="https://www.nvidia.com/en-us/data-center/h100/",
-    ),
+    _spec_sheet_chip("h100", "NVIDIA H100 SXM", bf16_tflops=989.5, hbm_gb_per_s=3350, hbm_gb=80,
+                     interconnect="NVLink", interconnect_gb_per_s=900,
+                     source="https://www.nvidia.com/en-us/data-center/h100/"),
     # NVIDIA H200 product page / datasheet, SXM column: BF16 Tensor Core 1,979 TFLOPS with sparsity (989.5
     # dense, the same Hopper die as H100); 141 GB HBM3e at 4.8 TB/s; NVLink 900 GB/s.
-    "h200": Chip(
-        name="h200", title="NVIDIA H200 SXM", peak_bf16_flops=989.5e12, hbm_bytes_per_s=4.8e12, hbm_bytes=141e9,
-        interconnect="NVLink", interconnect_bytes_per_s=900e9,
-        source="https://www.nvidia.com/en-us/data-center/h200/",
-    ),
-}
+    _spec_sheet_chip("h200", "NVIDIA H200 SXM", bf16_tflops=989.5, hbm_gb_per_s=4800, hbm_gb=141,
+                     interconnect="NVLink", interconnect_gb_per_s=900,
+                     source="https://www.nvidia.com/en-us/data-center/h200/"),
+)}
 
 # Links between meshes that are not one chip's interconnect, one direction each.
 LINKS: dict[str, Link] = {
@@ -103,6 +106,15 @@ LINKS: dict[str, Link] = {
     # A 100 Gbit/s data-center NIC (TPU v5e hosts have two: the v5e page's "2 x 100 Gbps NIC" per host).
     "dcn100": Link("dcn100", 12.5e9),
 }
+
+
+def register_chip(chip: Chip) -> Chip:
+    """Adds a measured chip (this host's, `emulation/host_probe.py`) to `CHIPS` for this process, so that
+    `--emulate NAME:MODEL` can name it; a spec-sheet chip's name is refused."""
+    if chip.name in CHIPS and CHIPS[chip.name].source.startswith("https://"):
+        raise ValueError(f"chip name {chip.name!r} is a spec-sheet chip's; a measured chip needs another name")
+    CHIPS[chip.name] = chip
+    return chip
 
 
 def get_chip(name: str) -> Chip:

@@ -27,6 +27,8 @@ The formulas, each written once below, and what they assume:
 * Work is split evenly over the `n` chips (FLOPs, weights, KV cache and optimizer state are all sharded).
 * A transfer of N bytes over a `Link` takes its latency plus N / bandwidth; a weight sync sends each chip's
   shard over its own link in parallel.
+* Every device call (prefill, decode step, training micro-batch, apply) adds the chip's `call_overhead_s`
+  (0 for the spec-sheet chips; measured for this host's chip, see chips.py).
 
 Pure Python; no JAX.
 """
@@ -95,10 +97,11 @@ class CostModel:
     # ------------------------------------------------------------------ the roofline
 
     def _roofline_s(self, flops: float, bytes_moved: float) -> float:
-        """The larger of compute time at peak and memory time at full bandwidth, work split over the chips."""
+        """The larger of compute time at peak and memory time at full bandwidth, work split over the chips, plus
+        the chip's fixed cost of a call."""
         compute = flops / (self.chips * self.chip.peak_bf16_flops)
         memory = bytes_moved / (self.chips * self.chip.hbm_bytes_per_s)
-        return max(compute, memory)
+        return max(compute, memory) + self.chip.call_overhead_s
 
     # ------------------------------------------------------------------ rollout
 
@@ -116,6 +119,11 @@ class CostModel:
                        + batch * context * self.kv_bytes_per_token())
         return self._roofline_s(flops, bytes_moved) + self.tensor_parallel_s(batch, passes=1)
 
+    def decode_steps_s(self, batch: int, context: float, steps: int) -> float:
+        """`steps` consecutive decode steps of the same `batch` slots, the first at `context`, each one position
+        further: exactly the sum of those single steps (what an engine advancing several tokens per call owes)."""
+        return sum(self.decode_step_s(batch, context + step) for step in range(steps))
+
     # ------------------------------------------------------------------ training
 
     def train_micro_batch_s(self, rows: int, length: int) -> float:
@@ -124,11 +132,12 @@ class CostModel:
         accumulate = self.model.num_params() * GRADIENT_ACCUMULATE_BYTES_PER_PARAM
         compute = flops / (self.chips * self.chip.peak_bf16_flops * self.mfu)
         memory = accumulate / (self.chips * self.chip.hbm_bytes_per_s)
-        return compute + memory + self.tensor_parallel_s(rows * length, passes=2)
+        return compute + memory + self.tensor_parallel_s(rows * length, passes=2) + self.chip.call_overhead_s
 
     def optimizer_apply_s(self) -> float:
         """One Adam update of every parameter (memory-bound)."""
-        return self.model.num_params() * ADAM_BYTES_PER_PARAM / (self.chips * self.chip.hbm_bytes_per_s)
+        memory = self.model.num_params() * ADAM_BYTES_PER_PARAM / (self.chips * self.chip.hbm_bytes_per_s)
+        return memory + self.chip.call_overhead_s
 
     # ------------------------------------------------------------------ communication
 

@@ -14,9 +14,18 @@ device, as it overlaps a real one. Inserting a prefix into slots is taken as fre
 What a step costs (see cost_model.py):
 * a prefill call: `prefill_s(rows, tokens)` over its real rows (the loop pads a call with dummy rows, which
   carry no sampling settings), `tokens` their mean prompt length;
-* a generate call: `decode_step_s(live slots, their mean context)`: only slots still producing tokens count,
-  as in a paged-attention engine (our FlexEngine computes every slot; the engines the FlexMARL paper measures
-  do not). The attention cost is linear in the context, so the mean context is exact for the sum.
+* a generate call: `decode_step_s(live slots, their mean context)` per decode step it advances: only slots
+  still producing tokens count, as in a paged-attention engine (our FlexEngine computes every slot; the engines
+  the FlexMARL paper measures do not). The attention cost is linear in the context, so the mean context is
+  exact for the sum.
+
+Several steps per call (`tokens_per_call` > 1). One Python call per token per instance is what this host
+cannot afford for dozens of instances (their bookkeeping, not the emulated device, then sets the pace). So a
+call may advance up to `tokens_per_call` steps, returning each slot's tokens on the Engine API's speculation
+axis (`valid` marks them); the loop takes them as it would one by one. A call ends where the first live slot
+ends and the next call is one step (`steps_for`), which keeps the single-step refill schedule, so the device
+time and every token are what single steps give (tests/emulation/test_emulated_engine.py). What differs: work
+submitted mid-call is admitted when the call ends, and load figures refresh per call, not per token.
 
 Tokens: each sample emits `ScriptedTokens.length(seed, sample_index)` tokens, the last of them EOS; a
 sequence whose request allows fewer new tokens is ended by the loop at its `max_new_tokens`, and its slot is
@@ -36,6 +45,7 @@ from flax import struct
 
 from flexmarl_jax.emulation.cost_model import CostModel
 from flexmarl_jax.emulation.timescale import TimeScale
+from flexmarl_jax.rollout.engine_shape import EngineShapeFromConfig
 from flexmarl_jax.rollout.jetstream_compat import engine_api, tokenizer_pb2
 from flexmarl_jax.rollout.results import LogProbResultTokens
 from flexmarl_jax.rollout.settings import EngineConfig
@@ -141,27 +151,38 @@ class EmulatedDecodeState:
     live: np.ndarray
 
 
-class EmulatedEngine(engine_api.Engine):
+class EmulatedEngine(EngineShapeFromConfig, engine_api.Engine):
     """A `FlexEngine` look-alike whose device time is `cost_model`'s, compressed by `timescale`.
 
     Args:
       cost_model: the model on its chips (one instance's replica).
+      tokens_per_call: at most this many tokens per slot per `generate` call (see `steps_for`); 1 = one
+        decode step per call, as a real engine.
       engine_config: slots, prompt buckets and cache length, as for FlexEngine.
       tokenizer: the agent's tokenizer (pad / EOS ids, stop strings).
       script: the tokens each sample emits.
       timescale: device seconds -> wall seconds (default: real time).
       clock: the wall clock (tests may pass a fake one).
+      device: the queue its work runs on (default: a queue of its own; a chip whose emulated devices are one
+        piece of silicon, `Chip.one_device`, gives every engine and trainer the same one).
     """
 
     def __init__(self, cost_model: CostModel, engine_config: EngineConfig, tokenizer: Any, script: ScriptedTokens,
-                 *, timescale: TimeScale | None = None, clock: Callable[[], float] = time.perf_counter):
+                 *, tokens_per_call: int = 1, timescale: TimeScale | None = None,
+                 clock: Callable[[], float] = time.perf_counter, device: DeviceQueue | None = None):
+        if isinstance(tokens_per_call, bool) or not isinstance(tokens_per_call, int) or tokens_per_call < 1:
+            raise ValueError(f"tokens_per_call={tokens_per_call!r} must be an int >= 1")
         self.cost_model = cost_model
+        self.tokens_per_call = tokens_per_call
         self.model_config = cost_model.model
         self.config = engine_config
         self.tokenizer = tokenizer
         self.script = script
-        self.device = DeviceQueue(timescale or TimeScale(), clock)
+        self.device = device if device is not None else DeviceQueue(timescale or TimeScale(), clock)
         self._decoding = False  # whether the last generate left live slots (the loop then calls again at once)
+        self._finished_last_call = False  # whether a slot ended in the last generate (the next one is one step)
+        self.steps_advanced = 0  # decode steps charged so far (over every generate call)
+        self.generate_calls = 0
 
     # ----------------------------------------------------------------- what the rollout loop calls
     def init_decode_state(self, *args, **kwargs) -> EmulatedDecodeState:
@@ -193,24 +214,54 @@ class EmulatedEngine(engine_api.Engine):
         return state
 
     def generate(self, params: Any, decode_state: EmulatedDecodeState) -> tuple[EmulatedDecodeState, EmulatedResult]:
+        """Advances every live slot by `steps_for` tokens in one call, charged as that many single steps.
+
+        The result has one column per token (the Engine API's speculation axis); `valid` marks the tokens a slot
+        emitted, so a slot that ends mid-call leaves the rest of its row invalid (it never does: see steps_for).
+        """
         state = decode_state
         live = state.live.copy()
         count = int(live.sum())
-        device_s = self.cost_model.decode_step_s(count, float(state.positions[live].mean())) if count else 0.0
+        steps = self.steps_for(state)
+        context = float(state.positions[live].mean()) if count else 0.0
+        device_s = self.cost_model.decode_steps_s(count, context, steps) if count else 0.0
         ready_at = self.device.enqueue(device_s, follows_work=self._decoding)
-        last = live & (state.generated + 1 >= state.target)
-        tokens = np.where(last, self.script.eos_id, self.script.filler_id)
-        state.generated += 1
-        valid = state.positions < self.config.cache_length
-        state.positions += 1
-        state.live &= ~last
+        remaining = state.target - state.generated  # [slots] tokens each live slot has left
+        offsets = np.arange(steps)[None, :]  # [1, steps]
+        emitted = live[:, None] & (offsets < remaining[:, None])  # [slots, steps]
+        last = emitted & (offsets == remaining[:, None] - 1)
+        tokens = np.where(last, self.script.eos_id, self.script.filler_id).astype(np.int32)
+        finished = live & (remaining <= steps)
+        state.generated += steps
+        state.positions += steps
+        self.steps_advanced += steps
+        self.generate_calls += 1
+        state.live &= ~finished
+        self._finished_last_call = bool(finished.any())
         self._decoding = bool(state.live.any())
-        logprobs = np.full(tokens.shape, SCRIPTED_LOGPROB, np.float32)
-        data = np.stack([tokens.astype(np.int32), valid.astype(np.int32), state.generated.astype(np.int32),
-                         logprobs.view(np.int32)], axis=-1)
-        result = EmulatedResult(data=data, tokens_idx=(0, 1), valid_idx=(1, 2), length_idx=(2, 3),
-                                samples_per_slot=1, logprobs_idx=(3, 4), ready_at=ready_at, queue=self.device)
+        lengths = np.minimum(state.generated, np.maximum(state.target, 1)).astype(np.int32)[:, None]
+        logprobs = np.full(tokens.shape, SCRIPTED_LOGPROB, np.float32).view(np.int32)
+        data = np.concatenate([tokens, emitted.astype(np.int32), lengths, logprobs], axis=-1)
+        result = EmulatedResult(data=data, tokens_idx=(0, steps), valid_idx=(steps, 2 * steps),
+                                length_idx=(2 * steps, 2 * steps + 1), samples_per_slot=1,
+                                logprobs_idx=(2 * steps + 1, 3 * steps + 1), ready_at=ready_at, queue=self.device)
         return state, result
+
+    def steps_for(self, state: EmulatedDecodeState) -> int:
+        """Tokens the next call advances: up to `tokens_per_call`, ending where the first live slot ends, and a
+        single step right after a call in which a slot ended.
+
+        Why this keeps the schedule of single steps: the loop learns of a sequence's end one call late (it
+        processes a call's tokens after dispatching the next), so a slot that ends at step n is refilled from
+        step n + 2. Ending a call at the first end and making the following call one step long keeps exactly
+        that; a longer call would leave the freed slot idle longer than a real engine's. The one thing calls of
+        several steps change is when work arriving mid-call is admitted: at the call's end, up to
+        `tokens_per_call` - 1 steps later than single steps would.
+        """
+        live = state.live
+        if self.tokens_per_call == 1 or self._finished_last_call or not live.any():
+            return 1
+        return int(min(self.tokens_per_call, (state.target - state.generated)[live].min()))
 
     # ----------------------------------------------------------------- the rest of the Engine API
     def prefill(self, *, params: Any, existing_prefix: Any = None, padded_tokens, true_length: int,
@@ -233,23 +284,7 @@ class EmulatedEngine(engine_api.Engine):
         return tokenizer_pb2.TokenizerParameters(path=f"emulated:{type(self.tokenizer).__name__}", extra_ids=0)
 
     @property
-    def max_concurrent_decodes(self) -> int:
-        return self.config.max_concurrent_decodes
-
-    @property
-    def samples_per_slot(self) -> int:
-        return 1
-
-    @property
-    def max_prefill_length(self) -> int:
-        return self.config.max_prefill_length
-
-    @property
     def mesh(self) -> Any:
-        return None
-
-    @property
-    def colocated_cpus(self) -> None:
         return None
 
 

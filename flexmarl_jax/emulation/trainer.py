@@ -60,9 +60,9 @@ class EmulatedTrainer:
     """
 
     def __init__(self, agent: str, cost_model: CostModel, config: Any, *, timescale: TimeScale,
-                 slices: Any = None, clock: Callable[[], float] = time.perf_counter):
+                 slices: Any = None, clock: Callable[[], float] = time.perf_counter, device: DeviceQueue | None = None):
         self.agent, self.cost_model, self.config = agent, cost_model, config
-        self.device = DeviceQueue(timescale, clock)
+        self.device = device if device is not None else DeviceQueue(timescale, clock)
         self.slices = slices
         self.policy_version = 0
         self.pending_micro_batches = 0

@@ -6,7 +6,7 @@ instead of trainers, engines and weight sync on real devices. The control plane 
 * engines: `rollout.instances_per_agent` `TimedInstance`s per agent over `EmulatedEngine`s of
   `mesh.rollout_devices_per_instance` chips each, scripted lengths (`rollout.max_response_length` each, or
   long-tailed around `pipeline.emulate_median_response`), behind the real router / balancer or least-loaded
-  backend (`rollout_setup.backend_for`);
+  backend (`rollout_setup.backend_for`), each advancing up to `pipeline.emulate_tokens_per_call` steps per call;
 * weight sync: `EmulatedWeightSync`: the model's bytes over `pipeline.emulate_sync_link` (one link per
   training chip), then the placeholder weights go to the instances as real weights would.
 Every emulated duration is divided by `pipeline.emulate_compression`.
@@ -45,6 +45,8 @@ class Emulation:
     rollout: CostModel  # one engine instance's replica
     train: CostModel  # one agent's training mesh (or one shared slice)
     sync_link_name: str
+    # The one timeline every engine, trainer and weight sync queues on when the chip is `one_device`, else None.
+    shared_device: DeviceQueue | None = None
 
     @classmethod
     def from_config(cls, config: RunConfig) -> Emulation:
@@ -54,7 +56,9 @@ class Emulation:
                    rollout=CostModel(device.model, device.chip, chips=mesh.rollout_devices_per_instance),
                    train=CostModel(device.model, device.chip, chips=mesh.train_devices_per_agent,
                                    mfu=pipeline.emulate_mfu),
-                   sync_link_name=pipeline.emulate_sync_link)
+                   sync_link_name=pipeline.emulate_sync_link,
+                   shared_device=DeviceQueue(TimeScale(pipeline.emulate_compression)) if device.chip.one_device
+                   else None)
 
     def weight_sync_s(self) -> float:
         """Device seconds of one agent's weight sync: each training chip sends its shard over its own link."""
@@ -79,7 +83,7 @@ def build_emulated_runtimes(config: RunConfig, emulation: Emulation, sources: Ma
     runtimes = {}
     for agent in team_agents(config.workflow):
         trainer = EmulatedTrainer(agent, emulation.train, agent_trainer_config(config, agent),
-                                  timescale=emulation.timescale, slices=slices)
+                                  timescale=emulation.timescale, slices=slices, device=emulation.shared_device)
         source = sources[agent]
         runtimes[agent] = AgentRuntime(name=agent, model_config=emulation.device.model, tokenizer=source.tokenizer,
                                        sampling=sampling_for(config, agent), devices=None, trainer=trainer)
@@ -96,7 +100,8 @@ def start_emulated_engines(config: RunConfig, emulation: Emulation, runtimes: Ma
         instances = []
         for _ in range(config.rollout.instances_per_agent):
             engine = EmulatedEngine(emulation.rollout, engine_config, runtime.tokenizer, script,
-                                    timescale=emulation.timescale)
+                                    tokens_per_call=config.pipeline.emulate_tokens_per_call,
+                                    timescale=emulation.timescale, device=emulation.shared_device)
             instance = TimedInstance(engine, placeholder_params(), policy_version=runtime.trainer.policy_version,
                                      name=f"instance{number}")
             instances.append(instance.attach(timeline, agent))
@@ -126,7 +131,7 @@ class EmulatedWeightSync:
         self._queues: dict[str, DeviceQueue] = {}
 
     def __call__(self, agent: str, params: Any, version: int) -> None:
-        queue = self._queues.setdefault(agent, DeviceQueue(self.emulation.timescale))
+        queue = self.emulation.shared_device or self._queues.setdefault(agent, DeviceQueue(self.emulation.timescale))
         queue.wait_until(queue.enqueue(self.emulation.weight_sync_s()))
         self.synced[agent] = int(version)
         self.push(agent, params, version)

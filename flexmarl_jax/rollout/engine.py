@@ -31,6 +31,7 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec
 from flexmarl_jax.mesh.meshes import make_mesh
 from flexmarl_jax.models import functional
 from flexmarl_jax.models.config import ModelConfig
+from flexmarl_jax.rollout.engine_shape import EngineShapeFromConfig
 from flexmarl_jax.rollout.jetstream_compat import engine_api, tokenizer_api, tokenizer_pb2
 from flexmarl_jax.rollout.results import LogProbResultTokens
 from flexmarl_jax.rollout.sampling import sample_tokens
@@ -140,7 +141,7 @@ def pad_prompt(ids, engine_config: EngineConfig, pad_id: int) -> tuple[np.ndarra
     return padded, len(ids)
 
 
-class FlexEngine(engine_api.Engine):
+class FlexEngine(EngineShapeFromConfig, engine_api.Engine):
     """Our model behind JetStream's Engine API (see the module docstring for the slot design).
 
     Args:
@@ -298,24 +299,8 @@ class FlexEngine(engine_api.Engine):
         return FlexTokenizer(self.tokenizer, self.config)
 
     @property
-    def max_concurrent_decodes(self) -> int:
-        return self.config.max_concurrent_decodes
-
-    @property
-    def samples_per_slot(self) -> int:
-        return 1
-
-    @property
-    def max_prefill_length(self) -> int:
-        return self.config.max_prefill_length
-
-    @property
     def mesh(self) -> Mesh:
         return self._mesh
-
-    @property
-    def colocated_cpus(self) -> None:
-        return None
 
     # ----------------------------------------------------------------- helpers
     def warm_up(self, params: Any) -> None:

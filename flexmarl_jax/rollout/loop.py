@@ -8,7 +8,8 @@ Like MaxText's offline engine, it calls `prefill` / `insert` / `generate` direct
    one call, and each prompt's samples go into as many free slots as there are (one
    prefill per prompt however many samples; the prefix is kept until all of a prompt's
    samples have a slot);
-2. dispatches one `generate` for all slots;
+2. dispatches one `generate` for all slots (one token per slot; an engine may return several per call on
+   the Engine API's speculation axis, `valid` marking them, as the emulated engine does);
 3. processes the *previous* step's results (one device-to-host copy), so host
    bookkeeping overlaps the device computing the current step. A slot whose sequence
    finished at step k still runs in step k+1 (its output is ignored), then is refilled.
@@ -347,23 +348,58 @@ class RolloutLoop:
 
     def _process(self, result: Any, owners: list[_Sequence | None]) -> None:
         data = result.convert_to_numpy()
-        tokens = data.data[:, data.tokens_idx[0]]
-        logprobs = data.logprobs()[:, 0]
+        start, end = data.tokens_idx
+        tokens = data.data[:, start:end]  # [slots, tokens per call]
+        logprobs = data.logprobs()  # [slots, tokens per call]
+        # One token per slot (a real engine): taken as is. Several (an engine advancing several steps per call,
+        # the Engine API's speculation axis): a slot's tokens are its leading valid ones.
+        emitted = (np.ones((tokens.shape[0],), np.int64) if end - start == 1
+                   else data.data[:, data.valid_idx[0]:data.valid_idx[1]].cumprod(axis=1).sum(axis=1))
         # Every end-of-sequence id of the checkpoint ends a sequence (chat models list several).
         eos_ids = frozenset(getattr(self.tokenizer, "stop_ids", None) or (self.tokenizer.eos_id,))
         for slot, sequence in enumerate(owners):
             if sequence is None or sequence.finish_reason is not None or self._slots[slot] is not sequence:
                 continue
-            request = sequence.work.request
-            token = int(tokens[slot])
-            sequence.token_ids.append(token)
-            sequence.logprobs.append(float(logprobs[slot]))
-            self.generated_tokens += 1
-            stopped = (token in eos_ids and not request.ignore_eos) or token in request.stop_token_ids
-            if stopped or self._hit_stop_string(sequence):
-                self._finish(sequence, "stop")
-            elif len(sequence.token_ids) >= request.max_new_tokens:
-                self._finish(sequence, "length")
+            count = int(emitted[slot])
+            if count == 1:
+                self._take(sequence, int(tokens[slot, 0]), float(logprobs[slot, 0]), eos_ids)
+            elif count > 1:
+                self._take_several(sequence, tokens[slot, :count], logprobs[slot, :count], eos_ids)
+
+    def _take(self, sequence: _Sequence, token: int, logprob: float, eos_ids: frozenset) -> None:
+        """Appends one token to `sequence` and finishes it on a stop or at its token budget."""
+        request = sequence.work.request
+        sequence.token_ids.append(token)
+        sequence.logprobs.append(logprob)
+        self.generated_tokens += 1
+        stopped = (token in eos_ids and not request.ignore_eos) or token in request.stop_token_ids
+        if stopped or self._hit_stop_string(sequence):
+            self._finish(sequence, "stop")
+        elif len(sequence.token_ids) >= request.max_new_tokens:
+            self._finish(sequence, "length")
+
+    def _take_several(self, sequence: _Sequence, tokens: np.ndarray, logprobs: np.ndarray,
+                      eos_ids: frozenset) -> None:
+        """`_take` over consecutive tokens [count], in bulk where no stop string needs a per-token check: the
+        sequence keeps its tokens up to the first stop or its budget, exactly as one by one."""
+        request = sequence.work.request
+        if request.stop_strings:
+            for token, logprob in zip(tokens.tolist(), logprobs.tolist(), strict=True):
+                if sequence.finish_reason is not None:
+                    return
+                self._take(sequence, token, logprob, eos_ids)
+            return
+        stops = set(request.stop_token_ids) | (set() if request.ignore_eos else eos_ids)
+        stop_at = np.flatnonzero(np.isin(tokens, list(stops))) if stops else ()
+        budget = request.max_new_tokens - len(sequence.token_ids)
+        keep = min(len(tokens), budget, int(stop_at[0]) + 1 if len(stop_at) else len(tokens))
+        sequence.token_ids.extend(tokens[:keep].tolist())
+        sequence.logprobs.extend(logprobs[:keep].tolist())
+        self.generated_tokens += keep
+        if len(stop_at) and stop_at[0] < keep:
+            self._finish(sequence, "stop")
+        elif len(sequence.token_ids) >= request.max_new_tokens:
+            self._finish(sequence, "length")
 
     def _hit_stop_string(self, sequence: _Sequence) -> bool:
         stops = sequence.work.request.stop_strings

@@ -1,10 +1,21 @@
-"""`flexmarl bench emulate`: the headline figures are the stated ratios of the modes' numbers, a small preset
-runs one mode end to end through the real orchestrator, and bad preset changes are refused."""
+"""`flexmarl bench emulate`: the headline figures are the stated ratios of the modes' numbers, the presets are
+the paper's team shapes built on configs/tiny.py, a small preset runs a mode end to end through the real
+orchestrator, and bad input is refused in one line naming the value and the choices."""
 
 import pytest
 
 from flexmarl_jax.bench import emulate
-from flexmarl_jax.bench._emulate_presets import MA
+from flexmarl_jax.bench._emulate_presets import (
+    CA,
+    FLEXMARL_MAX_STALENESS,
+    MA,
+    PAPER_WORKLOAD,
+    Preset,
+    coding_team,
+    mixture_team,
+)
+from flexmarl_jax.config import RunConfig
+from flexmarl_jax.configs import tiny
 
 
 def test_headline_figures_are_the_stated_ratios():
@@ -24,29 +35,78 @@ def test_headline_figures_are_the_stated_ratios():
     assert emulate.headline({"flexmarl": mode(10.0, 1.0)})["speedup_vs_serial"] is None  # a mode not run
 
 
-def test_the_ma_preset_is_the_papers_team_shape():
-    assert MA.agents == 15 and MA.instances_per_agent == 4 and MA.max_response == 8192
-    assert MA.queries * MA.samples == 64 and MA.micro_batch == 16 and MA.max_staleness == 5
-    assert len(MA.proposers()) == sum(MA.proposer_calls) > MA.agents - 1  # skew: some agents answer more than once
+def calls_per_agent(config: RunConfig) -> dict[str, int]:
+    """How often each agent is called per trajectory, from the workflow the config builds."""
+    from flexmarl_jax.workflows.from_config import workflow_from_config
+
+    counts: dict[str, int] = {}
+    for node in workflow_from_config(config.workflow).nodes.values():
+        counts[node.agent] = counts.get(node.agent, 0) + 1
+    return counts
+
+
+@pytest.mark.parametrize("preset, agents, chip, model",
+                         [(MA, 15, "v5p", "qwen2.5-14b"), (CA, 11, "v5p", "qwen2.5-32b")])
+def test_the_presets_are_the_papers_team_shapes(preset, agents, chip, model, tmp_path):
+    config = RunConfig.from_config(preset.config_dict(preset.modes()["flexmarl"], seed=0, workdir=str(tmp_path)))
+    assert len(config.agents) == agents and config.rollout.instances_per_agent == 4
+    assert config.rollout.max_response_length == 8192 and config.pipeline.emulate_median_response == 1024
+    assert config.workflow.queries_per_iteration * config.workflow.samples_per_query == 64
+    assert config.train.micro_batch_size == 16 and config.train.max_staleness == FLEXMARL_MAX_STALENESS == 5
+    assert config.pipeline.balance_delta == 5 and config.pipeline.emulate == f"{chip}:{model}"
+    calls = calls_per_agent(config)
+    assert set(calls) == set(config.agents) and max(calls.values()) >= 3 and min(calls.values()) == 1  # skewed
+    # what the preset does not set keeps configs/tiny.py's value
+    assert config.train.learning_rate == RunConfig.from_config(tiny.get_config()).train.learning_rate
+    sync = RunConfig.from_config(preset.config_dict(preset.modes()["sync"], seed=0, workdir=str(tmp_path)))
+    assert sync.train.max_staleness == 0 and sync.mesh.train_slices == 0  # the baselines: on-policy, dedicated
+
+
+def test_preset_changes_come_last(tmp_path):
+    changed = RunConfig.from_config(MA.config_dict(MA.modes()["serial"], seed=3, workdir=str(tmp_path),
+                                                   changes={"rollout.max_response_length": "2048"}))
+    assert changed.rollout.max_response_length == 2048 and changed.seed == 3
+    assert changed.rollout.decode_slots == PAPER_WORKLOAD["rollout.decode_slots"]
 
 
 @pytest.mark.timeout(120)
-def test_a_small_preset_runs_a_mode_through_the_orchestrator(tmp_path):
-    preset = MA.scaled(proposer_calls=(2, 1), max_response=16, median_response=4, instances_per_agent=1,
-                       queries=1, train_slices=1, compression=20.0, iterations=1)
-    numbers = emulate.run_mode(preset, "flexmarl", preset.modes()["flexmarl"], seed=0, root=str(tmp_path))
+@pytest.mark.parametrize("team", [mixture_team({"proposer0": 2, "proposer1": 1}),
+                                  coding_team({"coder0": 2}, {"tester0": 1})])
+def test_a_small_preset_runs_a_mode_through_the_orchestrator(team, tmp_path):
+    preset = Preset(name="small", team=team, iterations=1, overrides={
+        "pipeline.emulate": "v5p:qwen2.5-14b", "rollout.max_response_length": 16,
+        "pipeline.emulate_median_response": 4, "rollout.instances_per_agent": 1, "workflow.queries_per_iteration": 1,
+        "pipeline.emulate_compression": 20.0})
+    numbers = emulate.run_mode(preset, "flexmarl", {**preset.modes()["flexmarl"], "mesh.train_slices": 1}, seed=0,
+                               root=str(tmp_path), plots_dir=str(tmp_path / "plots"), gantt_iterations=1)
     assert numbers["e2e_s"] > 0 and numbers["tokens_per_s"] > 0
     assert numbers["e2e_s"] == pytest.approx(numbers["wall_s_per_iteration"] * 20.0)
     assert 0 < numbers["train_utilization"] <= 1 and numbers["host_stall_share"] >= 0
+    assert numbers["generate_calls"] > 0 and numbers["decode_steps_per_call"] >= 1
+    assert (tmp_path / "plots" / "small" / "flexmarl" / "gantt.png").stat().st_size > 0
 
 
-def test_bad_preset_changes_are_refused(capsys):
-    with pytest.raises(SystemExit):
-        emulate.parse_args(["--set", "agents=3"])
-    assert "expected FIELD=VALUE" in capsys.readouterr().err
-    with pytest.raises(SystemExit):
-        emulate.parse_args(["--presets", "XX"])
-    with pytest.raises(SystemExit):
-        emulate.parse_args(["--emulate", "tpu9:qwen2.5-14b"])
-    assert "unknown chip 'tpu9'; choices: h100, h200, v5e, v5p, v6e" in capsys.readouterr().err
-    assert emulate.parse_args(["--emulate", "h200:qwen2.5-32b"]).changes == {"emulate": "h200:qwen2.5-32b"}
+@pytest.mark.parametrize("argv, message", [
+    (["--set", "agents"], "--set 'agents': expected KEY=VALUE"),
+    (["--set", "rollout.nonsense=3"], "unknown config key 'rollout.nonsense'"),
+    (["--presets", "XX"], "--presets: unknown preset(s) ['XX']; choices: MA, CA"),
+    (["--modes", "fast"], "--modes: unknown mode(s) ['fast']; choices: serial, sync, flexmarl, no_async"),
+    (["--emulate", "tpu9:qwen2.5-14b"], "unknown chip 'tpu9'; choices: h100, h200, v5e, v5p, v6e"),
+    (["--emulate", "v5p:llama-9000"], "unknown model 'llama-9000'; choices: a preset (qwen2.5-0.5b"),
+    (["--set", "pipeline.emulate_mfu=1.5"], "config.pipeline.emulate_mfu=1.5 is outside (0, 1]"),
+    (["--set", "pipeline.emulate_mfu=0"], "config.pipeline.emulate_mfu=0.0 is outside (0, 1]"),
+    (["--set", "pipeline.emulate_compression=0.5"], "config.pipeline.emulate_compression=0.5 must be >= 1"),
+    (["--gantt-iterations", "-1"], "--gantt-iterations=-1 must be >= 0"),
+])
+def test_bad_input_is_one_line_naming_the_value_and_the_choices(argv, message, capsys):
+    with pytest.raises(SystemExit) as exit_info:
+        emulate.parse_args(["--presets", "MA", *argv] if "--presets" not in argv else argv)
+    assert exit_info.value.code == 2
+    error = capsys.readouterr().err.strip().splitlines()[-1]
+    assert message in error, error
+
+
+def test_emulate_and_set_reach_every_preset():
+    args = emulate.parse_args(["--emulate", "h200:qwen2.5-32b", "--set", "rollout.max_response_length=1024"])
+    assert args.changes == {"rollout.max_response_length": "1024", "pipeline.emulate": "h200:qwen2.5-32b"}
+    assert args.presets == "MA,CA"

@@ -189,3 +189,33 @@ def test_importing_the_cost_model_starts_no_jax():
     code = "import sys, flexmarl_jax.emulation; print('jax' in sys.modules)"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "False"
+
+
+def test_a_chips_call_overhead_is_added_once_per_call():
+    import dataclasses
+
+    launched = CostModel(SMALL, dataclasses.replace(ROUND, call_overhead_s=5e-4), collective_latency_s=1e-5)
+    # the hand cases above, each plus 0.5 ms; k decode steps in one go are k single steps, overhead included
+    assert launched.decode_step_s(1, 100) == pytest.approx(3.01056e-4 + 5e-4, rel=1e-12)
+    assert launched.prefill_s(2, 7) == pytest.approx(3.885056e-4 + 5e-4, rel=1e-12)
+    assert launched.optimizer_apply_s() == pytest.approx(6.06144e-3 + 5e-4, rel=1e-12)
+    assert launched.decode_steps_s(64, 100, 3) == pytest.approx(
+        sum(launched.decode_step_s(64, 100 + step) for step in range(3)), rel=1e-12)
+    assert launched.decode_steps_s(1, 100, 3) == pytest.approx(
+        3 * (275456 + 5e-4 * 1e9) / 1e9 + (100 + 101 + 102) * 256 / 1e9, rel=1e-12)  # memory-bound steps
+
+
+def test_a_measured_chip_is_registered_for_the_process_but_never_over_a_spec_sheet_one():
+    import dataclasses
+
+    from flexmarl_jax.emulation.chips import register_chip
+
+    measured = dataclasses.replace(ROUND, name="measured-test", source="measured by this test", one_device=True)
+    try:
+        assert register_chip(measured) is measured and get_chip("measured-test") is measured
+        assert parse_emulate("measured-test:tiny").chip.one_device
+    finally:
+        CHIPS.pop("measured-test", None)
+    with pytest.raises(ValueError, match=r"^chip name 'v5p' is a spec-sheet chip's"):
+        register_chip(dataclasses.replace(ROUND, name="v5p"))
+    assert not any(chip.one_device or chip.call_overhead_s for chip in CHIPS.values())  # spec sheets: neither

@@ -4,8 +4,10 @@ host's own overhead."""
 
 from __future__ import annotations
 
+import dataclasses
 import time
 
+import numpy as np
 import pytest
 
 from flexmarl_jax.emulation import CostModel, TimeScale, get_chip
@@ -113,3 +115,110 @@ def test_the_host_overhead_per_step_is_measured_and_small_against_a_real_step():
     assert TimeScale(1.0).overhead_within_bound(overhead, step)
     with pytest.raises(ValueError, match=r"^steps=0 must be >= 1"):
         measure_host_overhead_s(config, CharTokenizer(), steps=0)
+
+
+# ------------------------------------------------------------------ several decode steps per call
+
+STEPS_PER_CALL = 16
+NO_WALL_TIME = TimeScale(1e15)  # device time is charged, but a call lasts no wall time to speak of
+
+
+def varied_length(seed: int, sample_index: int) -> int:
+    """Lengths 3..60 that differ per sample, so slots end (and are refilled) at many different steps."""
+    return 3 + (seed * 7 + sample_index * 13) % 58
+
+
+def run_varied_workload(tokens_per_call: int, requests: list[RolloutRequest]):
+    tokenizer = CharTokenizer()
+    model = CostModel(get_preset("qwen2.5-14b"), get_chip("v5p"), chips=2)
+    config = EngineConfig(max_concurrent_decodes=6, max_prefill_length=16, max_decode_length=64)
+    script = ScriptedTokens(tokenizer.eos_id, tokenizer.encode("a")[-1], varied_length)
+    engine = EmulatedEngine(model, config, tokenizer, script, tokens_per_call=tokens_per_call,
+                            timescale=NO_WALL_TIME)
+    instance = EngineInstance(engine, placeholder_params(), name=f"emulated-{tokens_per_call}")
+    results: dict[int, list] = {}
+    for index, request in enumerate(requests):
+        instance.submit(dataclasses.replace(request, on_done=lambda out, index=index: results.__setitem__(index, out)))
+    instance.run_until_idle()
+    return engine, instance, [results[index] for index in range(len(requests))]
+
+
+def varied_requests() -> list[RolloutRequest]:
+    """Ten prompts of 3 samples over 6 slots: slots end and are refilled at many different steps."""
+    return [RolloutRequest(prompt_ids=tuple(range(3, 6 + index)), num_samples=3,
+                           sampling=SlotSampling(temperature=1.0, seed=index), max_new_tokens=64)
+            for index in range(10)]
+
+
+def same_outputs(first: list, second: list) -> bool:
+    return all([(s.token_ids, s.logprobs, s.finish_reason) for s in a] == [(s.token_ids, s.logprobs, s.finish_reason)
+                                                                          for s in b]
+               for a, b in zip(first, second, strict=True))
+
+
+def test_calls_of_several_steps_charge_and_emit_exactly_what_single_steps_do():
+    single_engine, single, single_results = run_varied_workload(1, varied_requests())
+    multi_engine, multi, multi_results = run_varied_workload(STEPS_PER_CALL, varied_requests())
+    # Same device time but for rounding: the same slots decoded at the same contexts, step by step (the refill
+    # schedule is the single-step one, else the live counts per step would differ).
+    assert multi_engine.device.device_s == pytest.approx(single_engine.device.device_s, rel=1e-12)
+    assert multi.generated_tokens == single.generated_tokens == sum(varied_length(i, k) for i in range(10)
+                                                                        for k in range(3))
+    assert multi_engine.steps_advanced == single_engine.steps_advanced == single.decode_steps
+    assert multi.decode_steps * 3 < single.decode_steps, (multi.decode_steps, single.decode_steps)  # fewer calls
+    assert same_outputs(single_results, multi_results)
+
+
+def test_sequences_the_loop_cuts_short_keep_their_tokens_in_calls_of_several_steps():
+    """A token budget below the script, or a stop string the filler reaches: the loop ends the sequence inside a
+    call's tokens, exactly where it would one by one. (The engine does not know of that end, so it charges the
+    slot until the call ends: more device time than single steps, never less.)"""
+    requests = varied_requests()
+    requests[4] = dataclasses.replace(requests[4], max_new_tokens=5)
+    requests[7] = dataclasses.replace(requests[7], stop_strings=("aaaaaaa",))
+    single_engine, single, single_results = run_varied_workload(1, requests)
+    multi_engine, multi, multi_results = run_varied_workload(STEPS_PER_CALL, requests)
+    assert same_outputs(single_results, multi_results)
+    assert multi.generated_tokens == single.generated_tokens
+    assert [(len(s.token_ids), s.finish_reason) for s in multi_results[4]] == [(5, "length")] * 3
+    assert {len(s.token_ids) for s in multi_results[7]} <= {7} | {varied_length(7, k) for k in range(3)}
+    assert multi_engine.device.device_s >= single_engine.device.device_s
+
+
+def test_a_call_of_several_steps_ends_at_the_first_slot_that_ends_then_takes_one_step():
+    tokenizer = CharTokenizer()
+    config = EngineConfig(max_concurrent_decodes=3, max_prefill_length=16, max_decode_length=64)
+    lengths = {0: 9, 1: 30, 2: 50}
+    script = ScriptedTokens(tokenizer.eos_id, 7, lambda seed, index: lengths[index])
+    engine = EmulatedEngine(CostModel(get_preset("qwen2.5-14b"), get_chip("v5p")), config, tokenizer, script,
+                            tokens_per_call=STEPS_PER_CALL, timescale=NO_WALL_TIME)
+    prefix = engine.prefill_batch(None, np.zeros((1, 16), np.int32), [4], [SlotSampling()])
+    state = engine.insert_many(prefix, engine.init_decode_state(), [0, 1, 2], [0, 1, 2])
+    calls = []
+    for _ in range(5):
+        state, result = engine.generate(None, state)
+        data = result.convert_to_numpy()
+        calls.append(data.data[:, data.valid_idx[0]:data.valid_idx[1]].sum(axis=1).tolist())
+    # 9 steps (slot 0 ends), 1 step, 16 (the cap), 4 more (slot 1 ends at 30), 1 step
+    assert calls == [[9, 9, 9], [0, 1, 1], [0, 16, 16], [0, 4, 4], [0, 0, 1]]
+    with pytest.raises(ValueError, match=r"^tokens_per_call=0 must be an int >= 1"):
+        EmulatedEngine(engine.cost_model, config, tokenizer, script, tokens_per_call=0)
+
+
+def test_engines_on_one_device_queue_their_work_one_after_another():
+    """A `one_device` chip (this host): two engines share one timeline, so their steps add up rather than overlap."""
+    clock = FakeClock()
+    shared = DeviceQueue(TimeScale(1.0), clock)
+    tokenizer = CharTokenizer()
+    config = EngineConfig(max_concurrent_decodes=2, max_prefill_length=16, max_decode_length=64)
+    model = CostModel(get_preset("qwen2.5-14b"), get_chip("v5p"))
+    script = ScriptedTokens(tokenizer.eos_id, 7, fixed_length(5))
+    engines = [EmulatedEngine(model, config, tokenizer, script, clock=clock, device=shared) for _ in range(2)]
+    ready = []
+    for engine in engines:
+        prefix = engine.prefill_batch(None, np.zeros((1, 16), np.int32), [4], [SlotSampling()])
+        state = engine.insert_many(prefix, engine.init_decode_state(), [0], [0])
+        ready.append(engine.generate(None, state)[1].ready_at)
+    prefill, step = model.prefill_s(1, 4), model.decode_step_s(1, 4)
+    assert ready == pytest.approx([prefill + step, 2 * (prefill + step)], rel=1e-12)  # nothing ran side by side
+    assert shared.device_s == pytest.approx(2 * (prefill + step), rel=1e-12) and shared.calls == 4

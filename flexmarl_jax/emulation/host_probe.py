@@ -1,0 +1,153 @@
+"""This host as an emulated chip: what one of its XLA devices achieves, measured by a short probe.
+
+The calibration (`bench/_emulate_calibration.py`) compares a real run on this CPU with an emulated run of the
+same config on this "chip": the cost model then has to predict what this host does, which checks its formulas
+and the emulated control plane against something measured. Three numbers, each from a few hundred
+milliseconds of timing on XLA device 0, best of several repeats (the host is shared; the best run is the
+least disturbed one):
+
+* `call_overhead_s`: a jitted call that does nothing (a scalar in, the same out), dispatch to result;
+* `peak_bf16_flops` (a misnomer here: the model runs in float32 on CPU): achieved FLOP/s of a float32 matmul
+  of the shape a tiny model's training step multiplies, [rows, hidden] x [hidden, 3 x hidden], less the call
+  overhead;
+* `hbm_bytes_per_s`: bytes read plus written per second by an elementwise op over a 64 MiB array.
+
+The chip is named `HOST_CHIP` ("host") and is registered for this process only (`chips.register_chip`). It is
+`one_device`: a run's fake XLA devices are the same two cores, so its emulated engines and trainers queue
+their work on one timeline, one call at a time (a tiny model's programs hardly use a second core; the
+rollout loop's Python takes it).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+from typing import Any
+
+from flexmarl_jax.emulation.chips import Chip
+
+HOST_CHIP = "host"
+_REPEATS = 5
+
+
+def _best_seconds_per_call(function, argument, calls: int) -> float:
+    """Fastest mean seconds per call over `_REPEATS` timed batches of `calls` calls (after one warm-up)."""
+    import jax
+
+    jax.block_until_ready(function(argument))
+    best = float("inf")
+    for _ in range(_REPEATS):
+        started = time.perf_counter()
+        for _ in range(calls):
+            result = function(argument)
+        jax.block_until_ready(result)
+        best = min(best, (time.perf_counter() - started) / calls)
+    return best
+
+
+def probe_host(*, matmul_rows: int = 1280, hidden: int = 64, bandwidth_bytes: int = 64 << 20) -> Chip:
+    """This host's XLA device 0 as a `Chip` (see the module docstring); memory = the machine's RAM."""
+    import os
+
+    import jax
+    import jax.numpy as jnp
+
+    device = jax.devices()[0]
+    scalar = jax.device_put(jnp.zeros((), jnp.float32), device)
+    overhead = _best_seconds_per_call(jax.jit(lambda x: x + 1), scalar, calls=200)
+
+    left = jax.device_put(jnp.ones((matmul_rows, hidden), jnp.float32), device)
+    right = jax.device_put(jnp.ones((hidden, 3 * hidden), jnp.float32), device)
+    matmul = jax.jit(lambda a: a @ right)
+    per_matmul = _best_seconds_per_call(matmul, left, calls=50)
+    flops = 2 * matmul_rows * hidden * 3 * hidden / max(per_matmul - overhead, 1e-9)
+
+    values = jax.device_put(jnp.ones((bandwidth_bytes // 4,), jnp.float32), device)
+    per_pass = _best_seconds_per_call(jax.jit(lambda x: x * 2.0), values, calls=5)
+    bandwidth = 2 * bandwidth_bytes / max(per_pass - overhead, 1e-9)  # read once, written once
+
+    memory = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    return Chip(name=HOST_CHIP, title=f"this host's XLA device 0 ({device.device_kind}), measured",
+                peak_bf16_flops=flops, hbm_bytes_per_s=bandwidth, hbm_bytes=float(memory),
+                interconnect="host", interconnect_bytes_per_s=bandwidth, source="measured by emulation/host_probe.py",
+                call_overhead_s=overhead, one_device=True)
+
+
+@dataclasses.dataclass(frozen=True)
+class ProgramCosts:
+    """What this host's real programs of a run's model cost beyond the roofline of `chip`.
+
+    decode_call_overhead_s: a FlexEngine decode step of every slot, measured, less its roofline time (a tiny
+      model's step is dominated by the program's many small ops and its sampling, not by FLOPs or bytes).
+    train_mfu: a real training micro-batch's FLOPs over (its measured seconds x the chip's achieved FLOP/s):
+      the share of the probe's matmul rate a whole forward + backward reaches.
+    """
+
+    decode_call_overhead_s: float
+    train_mfu: float
+    decode_step_s: float
+    train_micro_batch_s: float
+
+
+def probe_programs(config: Any, chip: Chip, *, steps: int = 20, train_calls: int = 3) -> ProgramCosts:
+    """Times the first agent's real engine step and training micro-batch at `config`'s sizes on XLA device 0."""
+    import jax
+    import numpy as np
+
+    from flexmarl_jax.bench._roofline import train_step_flops
+    from flexmarl_jax.emulation.cost_model import CostModel
+    from flexmarl_jax.models import functional
+    from flexmarl_jax.models.sources import resolve_model
+    from flexmarl_jax.orchestrator.agents import agent_trainer_config
+    from flexmarl_jax.orchestrator.rollout_setup import engine_config_for
+    from flexmarl_jax.rollout.engine import FlexEngine, SlotSampling
+    from flexmarl_jax.train.batch import build_micro_batch
+    from flexmarl_jax.train.normalizers import IterationNormalizers
+    from flexmarl_jax.train.trainer import AgentTrainer
+    from flexmarl_jax.workflows.from_config import team_agents
+
+    agent = team_agents(config.workflow)[0]
+    source = resolve_model(config.agents[agent].model)
+    model = source.model_config
+    graphdef, params = functional.init_params(model, seed=0)
+    engine_config = engine_config_for(config, agent)
+    engine = FlexEngine(model, graphdef, engine_config, source.tokenizer, params=params)
+    slots, prompt = engine_config.max_concurrent_decodes, config.rollout.max_prompt_length // 2
+    bucket = engine_config.bucket_for(prompt)
+    prefix = engine.prefill_batch(params, np.ones((1, bucket), np.int32), [prompt], [SlotSampling(temperature=1.0)])
+    state = engine.insert_many(prefix, engine.init_decode_state(), list(range(slots)), list(range(slots)),
+                               [0] * slots)
+    state, result = engine.generate(params, state)  # compiles
+    jax.block_until_ready(result.data)
+    best = float("inf")
+    for _ in range(_REPEATS):
+        started = time.perf_counter()
+        for _ in range(steps):
+            state, result = engine.generate(params, state)
+        jax.block_until_ready(result.data)
+        best = min(best, (time.perf_counter() - started) / steps)
+    roofline_free = dataclasses.replace(chip, call_overhead_s=0.0)
+    context = prompt + steps * _REPEATS / 2
+    decode_overhead = max(0.0, best - CostModel(model, roofline_free).decode_step_s(slots, context))
+
+    trainer_config = agent_trainer_config(config, agent)
+    trainer = AgentTrainer(agent, model, trainer_config)
+    rows, response = config.train.micro_batch_size, config.rollout.max_response_length
+    batch = build_micro_batch(
+        agent=agent, prompt_ids=[[3] * prompt] * rows, response_ids=[[4] * response] * rows,
+        behaviour_logprobs=[[-1.0] * response] * rows, advantages=[1.0] * rows, aggregation="token_mean",
+        normalizers=IterationNormalizers.from_response_lengths([response] * rows, norm_length=response),
+        batch_size=rows, max_len=trainer_config.max_len)
+    trainer.accumulate(batch)  # compiles
+    jax.block_until_ready(trainer.accumulated_gradients())
+    best_train = float("inf")
+    for _ in range(train_calls):
+        started = time.perf_counter()
+        trainer.accumulate(batch)
+        jax.block_until_ready(trainer.accumulated_gradients())
+        best_train = min(best_train, time.perf_counter() - started)
+    trainer.discard_accumulated()
+    flops = train_step_flops(model, rows, prompt + response)
+    mfu = min(1.0, flops / (best_train * chip.peak_bf16_flops))
+    return ProgramCosts(decode_call_overhead_s=decode_overhead, train_mfu=mfu, decode_step_s=best,
+                        train_micro_batch_s=best_train)
