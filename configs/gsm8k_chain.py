@@ -94,6 +94,7 @@ def _tpu_v5e_32(config: ml_collections.ConfigDict) -> None:
     other 8 chips as one slice that the agents take in turn (as on tpu_v5e_8): the solver's ~33 GiB of training
     state is ~4.2 GiB a chip there, and the slice's mesh spans two workers."""
     config.distributed.enabled = True  # launch/tpu_vm.sh train sets it too; here so a hand-started run joins
+    config.pipeline.deterministic = True  # every process replays one rollout (docs/architecture.md, "Several hosts")
     config.mesh.fake_cpu_devices = 32  # on a CPU host (config checks, tests): the pod slice's global device count
     config.mesh.rollout_devices_per_instance = 1
     config.rollout.instances_per_agent = 8  # 3 agents x 8 x 1 chip = 24 chips
