@@ -64,7 +64,7 @@ requests = [RolloutRequest(tuple(CharTokenizer().encode(text)), num_samples=2, m
             for text, temperature in (("1+2=", 0.0), ("abc", 1.0), ("x*y", 0.7))]
 results = RolloutLoop(engine, params).generate(requests)
 print(json.dumps({{"jetstream": jetstream_compat.JETSTREAM_AVAILABLE,
-                  "engine_base": type(engine).__mro__[1].__module__,
+                  "engine_base": next(base.__module__ for base in type(engine).__mro__ if base.__name__ == "Engine"),
                   "jetstream_loaded": "jetstream" in sys.modules,
                   "sequences": [[list(r.token_ids), list(r.logprobs)] for rs in results for r in rs]}}))
 """
