@@ -37,7 +37,7 @@ class TrialPlan:
 
 
 def plan_trials(types: Sequence[str], trials: int, seed: int, *, hits: Mapping[str, int],
-                instance_hits: Mapping[str, int], run_seconds: float) -> list[TrialPlan]:
+                instance_hits: Mapping[str, int], kill_window_s: float) -> list[TrialPlan]:
     """`trials` plans per type, each at a random moment of a run: a hit of its fault point (`hits`: how often a
     clean run reaches each point) or, for sigkill, a time within the clean run's `run_seconds`. An instance fault
     hits one random instance among those that stepped in the clean run (`instance_hits`: its engine steps there;
@@ -48,7 +48,7 @@ def plan_trials(types: Sequence[str], trials: int, seed: int, *, hits: Mapping[s
     for fault in types:
         for index in range(trials):
             if fault == SIGKILL:
-                plans.append(TrialPlan(fault, index, kill_after_s=round(rng.uniform(0.0, run_seconds), 3)))
+                plans.append(TrialPlan(fault, index, kill_after_s=round(rng.uniform(0.0, kill_window_s), 3)))
                 continue
             where = rng.choice(stepping) if fault in INSTANCE_FAULTS else None
             reached = hits[fault] if where is None else instance_hits[where]

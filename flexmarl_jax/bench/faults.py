@@ -17,8 +17,9 @@ agent, request timeouts on, short stall limits). Each trial:
 4. **Audit** the store (`orchestrator/run_audit.py`): per agent and policy version, rows lost (produced for the
    applied attempt of an iteration, never trained) and rows trained twice.
 
-Before the trials, one clean run counts how often each fault point is reached (the range of moments) and how long
-a run takes (the sigkill window); it also fills the XLA cache. An instance_hang's step stays hung until its run
+Before the trials, one clean run counts how often each fault point is reached (the range of moments) and fills
+the XLA cache; then one clean `flexmarl train` process on that warm cache times the sigkill window (from its
+config.json to its exit). An instance_hang's step stays hung until its run
 ends (shutdown gives up on it after 30 s), as a device call that never returns would.
 
 JSON keys: `types.<type>` with the issue's `trials`, `recovered_in_run`, `stopped_cleanly`, `hangs`, `lost_rows`,
@@ -233,18 +234,51 @@ def run_faulted(plan: TrialPlan, workdir: str, out: str, worker: Worker, env: di
     return trial
 
 
+def _train_process(workdir: str, env: dict[str, str], set_args: Sequence[str]) -> subprocess.Popen:
+    overrides = [f"--config.{item}" for item in set_args]
+    return subprocess.Popen([sys.executable, "-m", "flexmarl_jax.cli.main", "train", f"--config={config_spec()}",
+                             *overrides, f"--workdir={workdir}"], stdout=subprocess.DEVNULL,
+                            stderr=subprocess.DEVNULL, env=env)
+
+
+def _wait_for_config(process: subprocess.Popen, workdir: str, bound_s: float) -> bool:
+    """Waits until the run wrote its config.json (True), or ended or ran past `bound_s` without (False)."""
+    started, config_file = time.time(), os.path.join(workdir, "config.json")
+    while not os.path.exists(config_file) and process.poll() is None and time.time() < started + bound_s:
+        time.sleep(0.02)
+    return process.poll() is None and os.path.exists(config_file)
+
+
+def measure_kill_window(root: str, env: dict[str, str], set_args: Sequence[str], *, run_bound_s: float) -> float:
+    """Seconds from a clean `flexmarl train` process writing its config.json to its exit, on the warm XLA cache
+    the calibration left: the span a sigkill trial's kill is drawn from. Not the calibration run's length, which
+    compiles every program and runs in the worker: kills drawn from that landed after most runs had ended."""
+    workdir = os.path.join(root, "kill-window")
+    process = _train_process(workdir, env, set_args)
+    try:
+        if not _wait_for_config(process, workdir, run_bound_s):
+            raise RuntimeError(f"the clean run that times the sigkill window wrote no config.json (exit "
+                               f"{process.poll()}); see {workdir}")
+        written = time.time()
+        code = process.wait(timeout=run_bound_s)
+    finally:
+        if process.poll() is None:
+            process.kill()
+            process.wait()
+    if code != 0:
+        raise RuntimeError(f"the clean run that times the sigkill window failed (exit {code}); see {workdir}")
+    shutil.rmtree(workdir, ignore_errors=True)
+    return time.time() - written
+
+
 def _sigkill_run(plan: TrialPlan, workdir: str, env: dict[str, str], set_args: Sequence[str], *,
                  run_bound_s: float) -> TrialResult:
     """A `flexmarl train` process, SIGKILLed `plan.kill_after_s` after it wrote its config.json."""
-    overrides = [f"--config.{item}" for item in set_args]
-    process = subprocess.Popen([sys.executable, "-m", "flexmarl_jax.cli.main", "train", f"--config={config_spec()}",
-                                *overrides, f"--workdir={workdir}"], stdout=subprocess.DEVNULL,
-                               stderr=subprocess.DEVNULL, env=env)
+    process = _train_process(workdir, env, set_args)
     trial = TrialResult(plan, NOT_FIRED)
-    started, config_file = time.time(), os.path.join(workdir, "config.json")
-    while not os.path.exists(config_file) and process.poll() is None and time.time() < started + run_bound_s:
-        time.sleep(0.02)
-    if process.poll() is None and os.path.exists(config_file):
+    started = time.time()
+    _wait_for_config(process, workdir, run_bound_s)
+    if process.poll() is None and os.path.exists(os.path.join(workdir, "config.json")):
         kill_at = time.time() + plan.kill_after_s
         while process.poll() is None and time.time() < kill_at:
             time.sleep(0.01)
@@ -314,9 +348,11 @@ def run_bench(args: argparse.Namespace) -> dict:
         # A run (faulted or resumed) that has not ended this long after it started, its fault not yet triggered,
         # is hung whatever its fault: three clean runs' time plus the stall bound.
         run_bound_s = 3 * calibration["run_seconds"] + stall_timeout_s + DETECT_MARGIN_S
+        if SIGKILL in types:
+            calibration["kill_window_s"] = round(measure_kill_window(root, env, args.set, run_bound_s=run_bound_s), 3)
         plans = trials_lib.plan_trials(types, args.trials, args.seed, hits=calibration["hits"],
                                        instance_hits=calibration["instance_steps"],
-                                       run_seconds=calibration["run_seconds"])
+                                       kill_window_s=calibration.get("kill_window_s", 0.0))
         columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
                    TextColumn("ETA"), TimeRemainingColumn())
         with Progress(*columns, transient=False) as progress:

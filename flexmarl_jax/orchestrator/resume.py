@@ -33,16 +33,44 @@ class ResumePoint(NamedTuple):
     rejected: dict[int, str]  # newer versions passed over -> why (one line naming the agent and the file)
 
 
-def checkpoint_steps(root: str, agents: Sequence[str]) -> dict[str, set[int]] | None:
-    """agent -> the policy versions it has a finished Orbax step of (None: some agent has none)."""
+def checkpoint_steps(root: str, agents: Sequence[str]) -> dict[str, set[int]]:
+    """agent -> the policy versions it has a finished Orbax step of (empty for an agent with none)."""
     steps = {}
     for agent in agents:
         directory = orbax_directory(root, agent)
         if not directory.is_dir():
-            return None
+            steps[agent] = set()
+            continue
         with ocp.CheckpointManager(directory) as manager:
             steps[agent] = set(manager.all_steps())
     return steps
+
+
+def _delete(root: str, agent: str, versions) -> None:
+    with ocp.CheckpointManager(orbax_directory(root, agent)) as manager:
+        for step in sorted(versions):
+            manager.delete(step)
+
+
+def _discard_cut_first_save(root: str, steps: dict[str, set[int]]) -> None:
+    """No version is common to every agent. Agents are saved one after another, so a run stopped during its
+    first save (the warm-up's version 0, or the first iteration's without a warm-up) leaves that one version
+    for some agents only: nothing to resume from, and a fresh start would find those steps in its way. They are
+    deleted. Anything else (agents holding different versions) is not this run's doing: NoIntactCheckpoint,
+    deleting nothing."""
+    held = set().union(*steps.values())
+    if len(held) != 1:
+        raise NoIntactCheckpoint(f"no checkpoint version under {root} is held by every agent: "
+                                 + "; ".join(f"{agent} has {sorted(versions) or 'none'}"
+                                             for agent, versions in steps.items())
+                                 + " (a workdir of another team or config?)")
+    version = held.pop()
+    logger.warning("the first save of policy version %d was cut between agents (%s have it, %s not): deleting "
+                   "it and starting over", version, ", ".join(a for a, v in steps.items() if v),
+                   ", ".join(a for a, v in steps.items() if not v))
+    for agent, versions in steps.items():
+        if versions:
+            _delete(root, agent, versions)
 
 
 def _problem(root: str, agents: Sequence[str], version: int) -> str | None:
@@ -57,11 +85,13 @@ def _problem(root: str, agents: Sequence[str], version: int) -> str | None:
 
 def prepare_resume(root: str, agents: Sequence[str]) -> ResumePoint | None:
     """The newest version every agent has an intact checkpoint of (None: no checkpoints, a fresh run), after
-    deleting every checkpoint newer than it. Raises NoIntactCheckpoint, deleting nothing, when checkpoints exist
+    deleting every checkpoint newer than it (or, when the run's first save was cut between agents, that save). Raises NoIntactCheckpoint, deleting nothing, when checkpoints exist
     but no version is intact for every agent."""
     steps = checkpoint_steps(root, agents)
-    common = sorted(set.intersection(*steps.values()), reverse=True) if steps else []
+    common = sorted(set.intersection(*steps.values()), reverse=True)
     if not common:
+        if any(steps.values()):
+            _discard_cut_first_save(root, steps)
         return None
     rejected: dict[int, str] = {}
     version = None
@@ -76,11 +106,9 @@ def prepare_resume(root: str, agents: Sequence[str]) -> ResumePoint | None:
         raise NoIntactCheckpoint(f"no checkpoint version under {root} is intact for every agent: "
                                  + "; ".join(f"version {v}: {why}" for v, why in rejected.items()))
     for agent in agents:
-        newer = sorted(step for step in steps[agent] if step > version)
+        newer = [step for step in steps[agent] if step > version]
         if newer:
-            with ocp.CheckpointManager(orbax_directory(root, agent)) as manager:
-                for step in newer:
-                    manager.delete(step)
+            _delete(root, agent, newer)
     if rejected:
         logger.warning("resuming from policy version %d, the newest intact one; passed over %s", version,
                        ", ".join(str(v) for v in sorted(rejected)))

@@ -47,8 +47,10 @@ from flexmarl_jax.orchestrator.watchdog import EXIT_STALLED, Watchdog, exit_now,
 from flexmarl_jax.orchestrator.weight_sync import StoreWeightSync
 from flexmarl_jax.orchestrator.workdir_lock import WorkdirLock
 from flexmarl_jax.store import ExperienceStore
+from flexmarl_jax.store.corruption import StoreCorrupted
 from flexmarl_jax.train.algorithms import loss_config_for
 from flexmarl_jax.train.checkpoint import CHECKPOINT_DIR, restore_trainer, save_all
+from flexmarl_jax.train.checkpoint_integrity import CheckpointCorrupted
 from flexmarl_jax.transfer import StateStore
 from flexmarl_jax.workdir_paths import orbax_directory
 from flexmarl_jax.workdir_paths import path as workdir_path
@@ -286,14 +288,24 @@ def _run_locked(config: RunConfig, gantt_iterations: int | None) -> int:
         logger.warning("the previous run on this workdir stopped early (%s at iteration %s: %s); resuming",
                        stop["reason"], stop["iteration"], stop["detail"])
     beacon = ProgressBeacon()
-    orchestrator, _agents, store, rollout, start = build_orchestrator(config, checked=checked, beacon=beacon)
+    resume_hint = f"the workdir resumes from its last checkpoint: flexmarl train --workdir={workdir} (same config)"
+    try:
+        orchestrator, _agents, store, rollout, start = build_orchestrator(config, checked=checked, beacon=beacon)
+    except (ConfigError, CheckpointCorrupted, StoreCorrupted):
+        raise  # bad input or data on disk that changed: the CLI says which in one line
+    except Exception as error:
+        # The warm-up, its checkpoint, the engines' first weight sync: a failure here is a stop like one in an
+        # iteration (journal entry, one line), not a traceback; the resume finds the warm-up saved or redoes it.
+        logger.exception("the run's setup failed before its first iteration")
+        faults.detected("the run stops (error)")
+        journal.record_stop("error", iteration=None, detail=f"setup: {type(error).__name__}: {error}")
+        raise RunStopped(f"setup failed before the first iteration: {error}; {resume_hint}") from error
     timeline = orchestrator.timeline
     orchestrator.set_horizon(config.iterations)
     writer = metrics.MetricsWriter(workdir, persist=leader)
     journal.settle(store, writer, start)
     evaluator = build_evaluator(config, orchestrator)
     current = {"iteration": start}
-    resume_hint = f"the workdir resumes from its last checkpoint: flexmarl train --workdir={workdir} (same config)"
 
     def evaluate_if_due(step: int, progress: metrics.IterationProgress) -> None:
         """Evaluates the policies after `step` iterations when an eval is due and not yet recorded."""

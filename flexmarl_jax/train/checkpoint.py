@@ -15,6 +15,7 @@ every restore verifies it first, so a step whose bytes changed on disk, or whose
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import json
 import logging
 import os
@@ -86,6 +87,14 @@ def verify_checkpoint(directory: str | os.PathLike, policy_version: int) -> None
     checkpoint_integrity.verify(step_directory(directory, policy_version))
 
 
+_barriers_passed = itertools.count()  # Orbax's barrier names must never repeat within a process
+
+
+def _barrier(name: str) -> None:
+    """Every process waits here for all the others (the distributed runtime's barrier, through Orbax)."""
+    ocp.multihost.sync_global_processes(f"{name}-{next(_barriers_passed)}")
+
+
 def save_trainer(trainer: AgentTrainer, directory: str | os.PathLike, *, max_to_keep: int | None = None) -> int:
     """Writes the trainer's state under ``directory/<policy_version>``; returns that version.
 
@@ -100,7 +109,13 @@ def save_trainer(trainer: AgentTrainer, directory: str | os.PathLike, *, max_to_
                                                    meta=ocp.args.JsonSave(_meta(trainer))), force=True)
         manager.wait_until_finished()
     # Written once Orbax has finalized the step: a step with a manifest is complete (checkpoint_integrity).
-    checkpoint_integrity.write_manifest(step_directory(directory, step))
+    # With several processes Orbax has finalized the step on every one when `wait_until_finished` returns on
+    # process 0, which alone writes the manifest (one writer per file); the barrier keeps any process from
+    # reading the step before its manifest exists.
+    if jax.process_index() == 0:
+        checkpoint_integrity.write_manifest(step_directory(directory, step))
+    if jax.process_count() > 1:
+        _barrier(f"flexmarl-manifest-{trainer.agent}-{step}")
     logger.info("saved agent %r policy_version %d to %s", trainer.agent, step, directory)
     return step
 

@@ -19,11 +19,11 @@ STEPS = {"instance0": 300, "instance1": 200, "instance2": 60, "instance3": 40, "
 
 def test_trial_plans_are_seeded_and_every_moment_lies_within_a_clean_run():
     plans = trials_lib.plan_trials(trials_lib.FAULT_TYPES, 20, 7, hits=HITS, instance_hits=STEPS,
-                                   run_seconds=12.0)
+                                   kill_window_s=12.0)
     assert plans == trials_lib.plan_trials(trials_lib.FAULT_TYPES, 20, 7, hits=HITS, instance_hits=STEPS,
-                                           run_seconds=12.0)
+                                           kill_window_s=12.0)
     assert plans != trials_lib.plan_trials(trials_lib.FAULT_TYPES, 20, 8, hits=HITS, instance_hits=STEPS,
-                                           run_seconds=12.0)
+                                           kill_window_s=12.0)
     for plan in plans:
         if plan.fault == trials_lib.SIGKILL:
             assert 0.0 <= plan.kill_after_s <= 12.0

@@ -4,6 +4,7 @@ update trained are dropped, and the redone iteration trains a batch of fresh row
 
 import glob
 import os
+import shutil
 
 import numpy as np
 import pytest
@@ -11,10 +12,11 @@ import pytest
 from flexmarl_jax import metrics
 from flexmarl_jax.metrics import MetricsWriter, read_metrics
 from flexmarl_jax.orchestrator.journal import TRAINED_DIR, RunJournal
-from flexmarl_jax.orchestrator.resume import prepare_resume
+from flexmarl_jax.orchestrator.resume import NoIntactCheckpoint, prepare_resume
 from flexmarl_jax.orchestrator.run import _begin_attempt, _checkpoint
 from flexmarl_jax.store import RowState
-from flexmarl_jax.train.checkpoint import CHECKPOINT_DIR, checkpoint_versions, restore_trainer, verify_checkpoint
+from flexmarl_jax.train.checkpoint import (CHECKPOINT_DIR, checkpoint_versions, restore_trainer, save_all, save_trainer,
+                                          verify_checkpoint)
 from tests.orchestrator.conftest import AGENTS
 
 
@@ -107,3 +109,33 @@ def test_a_corrupted_newest_checkpoint_resumes_from_the_previous_version_with_no
     records = [r for r in read_metrics(workdir) if r.get("kind", "iteration") == "iteration"]
     assert [r["iteration"] for r in records] == [0, 1, 2]
     assert records[2]["agent"] == metrics.to_jsonable(redone)["agent"]
+
+
+@pytest.mark.timeout(300)
+def test_a_first_save_cut_between_agents_is_deleted_and_the_run_starts_over(orchestrator_factory, tmp_path, caplog):
+    """A run stopped between agents' saves of version 0 (the warm-up's): one agent holds it, the others not.
+    Before the fix the resume saw no common version, started fresh and died in Orbax's StepAlreadyExistsError
+    when it saved version 0 again."""
+    workdir = str(tmp_path)
+    root = os.path.join(workdir, CHECKPOINT_DIR)
+    orchestrator, _ = orchestrator_factory(workdir=workdir, backend="file")
+    first = AGENTS[0]
+    save_trainer(orchestrator.trainers[first], os.path.join(root, first))
+    assert checkpoint_versions(os.path.join(root, first)) == [0]
+    assert prepare_resume(root, AGENTS) is None  # nothing to resume from: a fresh start
+    assert "cut between agents" in caplog.text
+    assert checkpoint_versions(os.path.join(root, first)) == []
+    assert save_all(orchestrator.trainers, root) == {agent: 0 for agent in AGENTS}  # the fresh start's save
+
+
+@pytest.mark.timeout(300)
+def test_agents_holding_different_versions_are_refused_and_nothing_deleted(orchestrator_factory, tmp_path):
+    workdir = str(tmp_path)
+    root = os.path.join(workdir, CHECKPOINT_DIR)
+    orchestrator, _ = orchestrator_factory(workdir=workdir, backend="file")
+    save_all(orchestrator.trainers, root)
+    shutil.move(os.path.join(root, AGENTS[1], "0"), os.path.join(root, AGENTS[1], "5"))  # not this run's doing
+    with pytest.raises(NoIntactCheckpoint, match=f"{AGENTS[1]} has \\[5\\]"):
+        prepare_resume(root, AGENTS)
+    assert checkpoint_versions(os.path.join(root, AGENTS[0])) == [0]
+    assert checkpoint_versions(os.path.join(root, AGENTS[1])) == [5]

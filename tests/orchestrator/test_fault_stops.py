@@ -95,3 +95,46 @@ def test_failed_save_sync_commit_and_sigterm_each_stop_the_run_and_it_resumes(tm
     # iteration's checkpoint; the failed commit's iteration ran at most twice; SIGTERM let its iteration finish.
     assert sorted(attempts) == [str(i) for i in range(ITERATIONS)] and attempts["0"] == 2
     assert set(attempts.values()) <= {1, 2} and sum(v == 2 for v in attempts.values()) <= 2
+
+
+@pytest.mark.timeout(900)
+def test_faults_before_the_first_iteration_stop_cleanly_and_the_workdir_resumes(tmp_path, monkeypatch, capsys):
+    """A warm-up save that fails after the first agent's was written, then an engine's first weight sync that
+    fails: each a stop with one line and a journal entry (before the fix: a raw traceback from the setup, and
+    the resume died in Orbax's StepAlreadyExistsError on the first agent's version 0)."""
+    from flexmarl_jax.cli.main import main
+    from flexmarl_jax.orchestrator.journal import RunJournal
+    from flexmarl_jax.orchestrator.run_audit import audit_workdir, rows_per_iteration
+    from flexmarl_jax.train.checkpoint import checkpoint_versions
+
+    workdir = str(tmp_path / "run")
+    train = ["train", "--config=configs/tiny.py:smoke", "--config.store.backend=file", "--config.iterations=1",
+             "--config.eval.enabled=false", f"--workdir={workdir}"]
+    for spec in ("checkpoint_save:after=1", "weight_sync:after=1"):
+        monkeypatch.setenv(faults.ENV_VAR, spec)
+        try:
+            assert main(train) == 1, spec
+        finally:
+            assert faults.fired(spec.split(":")[0]) == 1
+            faults.disarm()
+            monkeypatch.delenv(faults.ENV_VAR)
+        line = _stop_line(capsys)
+        assert f"setup failed before the first iteration: injected fault {spec.split(':')[0]}" in line, line
+        assert f"resumes from its last checkpoint: flexmarl train --workdir={workdir}" in line
+        if spec.startswith("checkpoint_save"):  # one agent holds version 0, the others not
+            held = [checkpoint_versions(os.path.join(workdir, "checkpoints", agent))
+                    for agent in ("solver", "verifier", "corrector")]
+            assert sorted(held) == [[], [], [0]], held
+    stops = RunJournal(workdir).stops()
+    assert [stop["reason"] for stop in stops] == ["error", "error"]
+    assert all(stop["detail"].startswith("setup: InjectedFault") for stop in stops)
+    assert main(train) == 0  # the cut warm-up save is deleted and redone; then the run's one iteration
+    assert [record["iteration"] for record in iteration_records(workdir)] == [0]
+    from flexmarl_jax.config import RunConfig, load_config
+    from flexmarl_jax.workflows.from_config import workflow_from_config
+
+    config = RunConfig.from_config(load_config("configs/tiny.py:smoke"))
+    samples = config.workflow.queries_per_iteration * config.workflow.samples_per_query
+    audit = audit_workdir(workdir, iterations=1,
+                          expected_rows=rows_per_iteration(workflow_from_config(config.workflow), samples))
+    assert audit.lost_rows == 0 and audit.double_trained_rows == 0, audit.findings
