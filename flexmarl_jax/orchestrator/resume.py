@@ -85,7 +85,8 @@ def _problem(root: str, agents: Sequence[str], version: int) -> str | None:
 
 def prepare_resume(root: str, agents: Sequence[str]) -> ResumePoint | None:
     """The newest version every agent has an intact checkpoint of (None: no checkpoints, a fresh run), after
-    deleting every checkpoint newer than it (or, when the run's first save was cut between agents, that save). Raises NoIntactCheckpoint, deleting nothing, when checkpoints exist
+    deleting every checkpoint newer than it (or, when the run's first save was cut between agents or fails
+    verification, that save: None). Raises NoIntactCheckpoint, deleting nothing, when checkpoints exist
     but no version is intact for every agent."""
     steps = checkpoint_steps(root, agents)
     common = sorted(set.intersection(*steps.values()), reverse=True)
@@ -102,6 +103,14 @@ def prepare_resume(root: str, agents: Sequence[str]) -> ResumePoint | None:
             break
         rejected[candidate] = problem
         logger.error("policy version %d cannot be resumed from: %s", candidate, problem)
+    if version is None and len(set().union(*steps.values())) == 1:
+        # Only the run's first save exists and it fails verification (killed before its last manifest, or
+        # changed on disk): there is no earlier version to fall back to, so it goes and the run starts over.
+        logger.warning("the run's only checkpoint version %d is not intact for every agent (%s): deleting it and "
+                       "starting over", common[0], rejected[common[0]])
+        for agent, versions in steps.items():
+            _delete(root, agent, versions)
+        return None
     if version is None:
         raise NoIntactCheckpoint(f"no checkpoint version under {root} is intact for every agent: "
                                  + "; ".join(f"version {v}: {why}" for v, why in rejected.items()))

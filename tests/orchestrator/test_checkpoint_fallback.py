@@ -139,3 +139,18 @@ def test_agents_holding_different_versions_are_refused_and_nothing_deleted(orche
         prepare_resume(root, AGENTS)
     assert checkpoint_versions(os.path.join(root, AGENTS[0])) == [0]
     assert checkpoint_versions(os.path.join(root, AGENTS[1])) == [5]
+
+
+@pytest.mark.timeout(300)
+def test_a_first_save_without_its_last_manifest_is_deleted_and_the_run_starts_over(orchestrator_factory, tmp_path,
+                                                                                    caplog):
+    """Killed after Orbax finalized the last agent's version 0 but before its manifest: every agent holds the
+    version, one fails verification, and there is nothing older to fall back to."""
+    workdir = str(tmp_path)
+    root = os.path.join(workdir, CHECKPOINT_DIR)
+    orchestrator, _ = orchestrator_factory(workdir=workdir, backend="file")
+    save_all(orchestrator.trainers, root)
+    os.remove(os.path.join(root, AGENTS[-1], "0", "integrity.json"))
+    assert prepare_resume(root, AGENTS) is None
+    assert "only checkpoint version 0 is not intact" in caplog.text and "has no integrity.json" in caplog.text
+    assert all(checkpoint_versions(os.path.join(root, agent)) == [] for agent in AGENTS)
