@@ -79,7 +79,7 @@ def _manager(directory: str | os.PathLike, max_to_keep: int | None = None) -> oc
 
 def step_directory(directory: str | os.PathLike, policy_version: int) -> str:
     """Where Orbax keeps one agent's checkpoint of ``policy_version`` (CheckpointManager's default step names)."""
-    return os.path.join(os.path.abspath(os.fspath(directory)), str(int(policy_version)))
+    return os.fspath(orbax_directory(directory, str(int(policy_version))))
 
 
 def verify_checkpoint(directory: str | os.PathLike, policy_version: int) -> None:

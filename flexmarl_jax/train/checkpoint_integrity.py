@@ -19,6 +19,10 @@ import json
 import os
 import zlib
 
+from etils import epath
+
+from flexmarl_jax import workdir_paths
+
 MANIFEST = "integrity.json"  # in the step directory: {"format", "files": {relative path: {"size", "crc32"}}}
 FORMAT = "flexmarl-checkpoint-integrity/1"
 _READ_BYTES = 16 << 20
@@ -29,20 +33,21 @@ class CheckpointCorrupted(RuntimeError):
 
 
 def _files(step_dir: str) -> list[str]:
-    """Every file under ``step_dir`` except the manifest, as sorted relative paths."""
+    """Every file under ``step_dir`` except the manifest, as sorted relative paths (local or an object store)."""
     found = []
-    for root, _, names in os.walk(step_dir):
-        for name in names:
-            relative = os.path.relpath(os.path.join(root, name), step_dir)
-            if relative != MANIFEST:
-                found.append(relative)
-    return sorted(found)
+    if workdir_paths.is_local(step_dir):
+        for root, _, names in os.walk(step_dir):
+            found += [os.path.relpath(os.path.join(root, name), step_dir) for name in names]
+    else:
+        base = epath.Path(step_dir)
+        found = [str(item.relative_to(base)) for item in base.rglob("*") if item.is_file()]
+    return sorted(relative for relative in found if relative != MANIFEST)
 
 
-def _crc32(path: str) -> tuple[int, int]:
+def _crc32(path: epath.Path) -> tuple[int, int]:
     """(size, CRC-32) of one file, read in slices (zlib releases the GIL, so files hash in parallel)."""
     crc, size = 0, 0
-    with open(path, "rb") as handle:
+    with path.open("rb") as handle:
         while chunk := handle.read(_READ_BYTES):
             crc = zlib.crc32(chunk, crc)
             size += len(chunk)
@@ -51,18 +56,24 @@ def _crc32(path: str) -> tuple[int, int]:
 
 def _checksums(step_dir: str, relatives: list[str]) -> dict[str, dict[str, int]]:
     workers = max(1, min(8, os.cpu_count() or 1, len(relatives)))
+    base = epath.Path(step_dir)
     with concurrent.futures.ThreadPoolExecutor(workers, thread_name_prefix="checkpoint-crc") as pool:
-        sums = pool.map(lambda relative: _crc32(os.path.join(step_dir, relative)), relatives)
+        sums = pool.map(lambda relative: _crc32(base / relative), relatives)
         return {relative: {"size": size, "crc32": crc} for relative, (size, crc) in zip(relatives, sums, strict=True)}
 
 
 def write_manifest(step_dir: str | os.PathLike) -> None:
-    """Records the size and CRC-32 of every file of a finalized step; durable (fsynced) when it returns."""
+    """Records the size and CRC-32 of every file of a finalized step; durable when it returns (fsynced when
+    local; an object store's write is durable and whole once it returns)."""
     step_dir = os.fspath(step_dir)
-    payload = {"format": FORMAT, "files": _checksums(step_dir, _files(step_dir))}
+    payload = json.dumps({"format": FORMAT, "files": _checksums(step_dir, _files(step_dir))}, indent=0,
+                         sort_keys=True)
+    if not workdir_paths.is_local(step_dir):
+        epath.Path(step_dir, MANIFEST).write_text(payload)
+        return
     path = os.path.join(step_dir, MANIFEST)
     with open(path + ".tmp", "w") as handle:
-        json.dump(payload, handle, indent=0, sort_keys=True)
+        handle.write(payload)
         handle.flush()
         os.fsync(handle.fileno())
     os.replace(path + ".tmp", path)
@@ -77,10 +88,8 @@ def verify(step_dir: str | os.PathLike) -> None:
     """Raises CheckpointCorrupted (naming the step and what differs) unless every file of the step has the size
     and CRC-32 its manifest recorded, and no file was added or removed."""
     step_dir = os.fspath(step_dir)
-    path = os.path.join(step_dir, MANIFEST)
     try:
-        with open(path) as handle:
-            payload = json.load(handle)
+        payload = json.loads(epath.Path(step_dir, MANIFEST).read_text())
         recorded = payload["files"]
         if payload.get("format") != FORMAT:
             raise ValueError(f"format {payload.get('format')!r} is not {FORMAT!r}")

@@ -1,0 +1,56 @@
+"""kill -9 of one of a run's two processes: the survivor exits non-zero within 60 s with a message naming the lost
+process, and rerunning both on the same workdir resumes and finishes, every iteration recorded once."""
+
+import json
+import signal
+import time
+
+import pytest
+
+from tests.distributed import processes
+from tests.distributed.test_two_process_run import distributed_flags
+
+ITERATIONS = 3
+OVERRIDES = ["--config=configs/tiny.py:smoke", f"--config.iterations={ITERATIONS}",
+             "--config.pipeline.deterministic=True", "--config.rollout.instances_per_agent=2",
+             "--config.mesh.train_slices=1", "--config.mesh.train_devices_per_agent=2",
+             "--config.store.backend=file", "--config.eval.enabled=False"]
+
+
+def _records(workdir) -> list[int]:
+    path = workdir / "metrics.jsonl"
+    if not path.is_file():
+        return []
+    return [json.loads(line)["iteration"] for line in path.read_text().splitlines(keepends=True)
+            if line.endswith("\n") and json.loads(line).get("kind", "iteration") == "iteration"]
+
+
+def _start(workdir):
+    port = processes.free_port()
+    return processes.start(lambda index: ["-m", "flexmarl_jax.cli.main", "train", *OVERRIDES,
+                                          f"--workdir={workdir}", *distributed_flags(port, index)],
+                           2, devices_per_process=4)
+
+
+@pytest.mark.timeout(900)
+def test_a_killed_process_stops_the_other_within_60_s_and_both_resume(tmp_path):
+    workdir = tmp_path / "run"
+    survivor, victim = _start(workdir)
+    deadline = time.monotonic() + 600
+    while not _records(workdir) and time.monotonic() < deadline and survivor.poll() is None:
+        time.sleep(0.2)
+    assert _records(workdir) == [0], "iteration 0 was never recorded"
+    victim.send_signal(signal.SIGKILL)
+    killed = time.monotonic()
+    victim.communicate()
+    _, err = survivor.communicate(timeout=120)
+    took = time.monotonic() - killed
+    assert survivor.returncode != 0
+    assert took < 60, f"the survivor exited {took:.1f} s after the kill"
+    assert "Task 1 heartbeat timeout" in err, err[-3000:]  # JAX's runtime names the lost process
+    assert 0 < len(_records(workdir)) < ITERATIONS
+
+    results = processes.wait_all(_start(workdir), timeout=600)
+    for index, (code, _, err) in enumerate(results):
+        assert code == 0, f"process {index} of the rerun: {err[-3000:]}"
+    assert _records(workdir) == list(range(ITERATIONS))  # resumed: each iteration once, none lost
