@@ -92,7 +92,7 @@ def _tpu_v5e_32(config: ml_collections.ConfigDict) -> None:
     instances per agent, so no engine spans two workers and the balancer has whole chips to move between agents;
     their 8 x 64 decode slots hold one iteration's 64 queries x 8 samples of an agent at once. Training gets the
     other 8 chips as one slice that the agents take in turn (as on tpu_v5e_8): the solver's ~33 GiB of training
-    state is ~4.2 GiB a chip there, and the slice's mesh spans two workers."""
+    state is ~4.2 GiB a chip there, and the slice's mesh spans all 8 workers, one chip of each."""
     config.distributed.enabled = True  # launch/tpu_vm.sh train sets it too; here so a hand-started run joins
     config.pipeline.deterministic = True  # every process replays one rollout (docs/architecture.md, "Several hosts")
     config.mesh.fake_cpu_devices = 32  # on a CPU host (config checks, tests): the pod slice's global device count

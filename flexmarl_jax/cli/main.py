@@ -67,9 +67,9 @@ def cmd_train(argv: list[str]) -> int:
         devices = _prepare_devices(config)
         import jax
 
-        from flexmarl_jax.config.schema import check_instances_per_process
+        from flexmarl_jax.config.schema import check_per_process
 
-        check_instances_per_process(config.rollout.instances_per_agent, jax.process_count())  # auto-detected count
+        check_per_process(config, jax.process_count())  # the auto-detected count too
         lock = WorkdirLock(config.workdir, process_index=jax.process_index())
     else:  # a live run's workdir fails here, in a second, before JAX starts
         devices, lock = None, WorkdirLock(config.workdir)

@@ -402,6 +402,23 @@ def check_instances_per_process(instances_per_agent: int, processes: int) -> Non
                           f"{processes} processes: each process serves every agent on instances of its own")
 
 
+def check_train_mesh_per_process(train_devices_per_agent: int, processes: int) -> None:
+    """Every process issues every training computation (docs/architecture.md, "Several hosts"), so a training
+    mesh must hold the same number of devices of each process: train_devices_per_agent a multiple of the process
+    count (0 = not known yet: checked again once the processes joined). A mesh on some processes only would need
+    its trainer's work, checkpoints and syncs confined to them, which the run does not do."""
+    if processes and train_devices_per_agent % processes:
+        raise ConfigError(f"config.mesh.train_devices_per_agent={train_devices_per_agent} must be a multiple of the "
+                          f"{processes} processes: every training mesh spans all of them, one device of each in "
+                          f"turn (e.g. mesh.train_devices_per_agent={processes} with mesh.train_slices=1)")
+
+
+def check_per_process(config: "RunConfig", processes: int) -> None:
+    """The placement rules that depend on the process count (0 = not known yet)."""
+    check_instances_per_process(config.rollout.instances_per_agent, processes)
+    check_train_mesh_per_process(config.mesh.train_devices_per_agent, processes)
+
+
 def _workdir_rule(workdir: str) -> str | None:
     if not workdir:
         return "must not be empty"
@@ -501,7 +518,7 @@ class RunConfig(Section):
             raise ConfigError(f"config.distributed.enabled=True needs disaggregated devices (pipeline.mode sync or "
                               f"flexmarl, mesh.colocate=False, no pipeline.emulate); got pipeline.mode="
                               f"{self.pipeline.mode!r}, mesh.colocate={self.mesh.colocate}")
-        check_instances_per_process(self.rollout.instances_per_agent, distributed.num_processes)
+        check_per_process(self, distributed.num_processes)
 
     def to_json(self, indent: int | None = 1) -> str:
         return json.dumps(self.to_dict(), indent=indent)

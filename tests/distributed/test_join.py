@@ -72,7 +72,7 @@ def test_flexmarl_train_with_an_unreachable_coordinator_fails_in_one_line_within
                  "--config.distributed.enabled=True", f"--config.distributed.coordinator_address=127.0.0.1:{port}",
                  "--config.distributed.num_processes=2", "--config.distributed.process_id=1",
                  "--config.distributed.init_timeout_s=2", "--config.pipeline.deterministic=True",
-                 "--config.rollout.instances_per_agent=2"])
+                 "--config.rollout.instances_per_agent=2", "--config.mesh.train_devices_per_agent=2"])
     elapsed = time.monotonic() - started
     error = capsys.readouterr().err.strip().splitlines()
     assert code == 2 and 2.0 <= elapsed < 10.0
@@ -94,6 +94,10 @@ def test_a_config_error_keeps_dataclass_replace_checked():
      r"^config.distributed.enabled=True needs disaggregated devices .* pipeline.mode='serial'"),
     ({"pipeline.deterministic": "True", "rollout.instances_per_agent": "3"},
      r"^config.rollout.instances_per_agent=3 must be a multiple of the 2 processes"),
+    # A training mesh on one process: every process issues every training computation (before the rule: a
+    # warm-up that died in "Fetching value for `jax.Array` that spans non-addressable devices").
+    ({"pipeline.deterministic": "True", "rollout.instances_per_agent": "2"},
+     r"^config.mesh.train_devices_per_agent=1 must be a multiple of the 2 processes"),
 ])
 def test_a_run_of_several_processes_needs_the_deterministic_replayed_rollout(overrides, message):
     fields = {"distributed.enabled": "True", "distributed.coordinator_address": "h:1",
