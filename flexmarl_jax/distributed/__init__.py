@@ -5,7 +5,10 @@
 - `coordinator_probe.py`: waiting for process 0's coordinator port, so an unreachable coordinator is one clear
   error within `distributed.init_timeout_s`;
 - `ordered_issue.py`: every computation on a mesh that spans processes is issued from one thread, in one order
-  that every process computes alike.
+  that every process computes alike;
+- `fence.py`: a barrier of the runtime after each such computation, so no process starts the next one's
+  collectives while another still finishes this one's;
+- `leader.py`: process 0 writes the run's files; `leader_value` gives every process its word.
 
-Pure Python at import: `runtime.py` imports JAX only inside `join_processes`.
+Pure Python at import (this package file): `runtime.py` imports JAX only inside `join_processes`.
 """

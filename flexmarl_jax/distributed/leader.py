@@ -24,4 +24,8 @@ def leader_value(value: int) -> int:
         return int(value)
     from jax.experimental import multihost_utils
 
-    return int(multihost_utils.broadcast_one_to_all(np.int64(value)))
+    from flexmarl_jax.distributed.fence import fence
+
+    agreed = int(multihost_utils.broadcast_one_to_all(np.int64(value)))  # a collective over every device
+    fence()
+    return agreed

@@ -15,7 +15,6 @@ every restore verifies it first, so a step whose bytes changed on disk, or whose
 from __future__ import annotations
 
 import dataclasses
-import itertools
 import json
 import logging
 import os
@@ -27,6 +26,7 @@ import orbax.checkpoint as ocp
 from flax import nnx
 
 from flexmarl_jax import faults
+from flexmarl_jax.distributed.fence import fence
 from flexmarl_jax.models.config import ModelConfig
 from flexmarl_jax.models.functional import abstract_model
 from flexmarl_jax.train import checkpoint_integrity
@@ -87,14 +87,6 @@ def verify_checkpoint(directory: str | os.PathLike, policy_version: int) -> None
     checkpoint_integrity.verify(step_directory(directory, policy_version))
 
 
-_barriers_passed = itertools.count()  # Orbax's barrier names must never repeat within a process
-
-
-def _barrier(name: str) -> None:
-    """Every process waits here for all the others (the distributed runtime's barrier, through Orbax)."""
-    ocp.multihost.sync_global_processes(f"{name}-{next(_barriers_passed)}")
-
-
 def save_trainer(trainer: AgentTrainer, directory: str | os.PathLike, *, max_to_keep: int | None = None) -> int:
     """Writes the trainer's state under ``directory/<policy_version>``; returns that version.
 
@@ -114,8 +106,7 @@ def save_trainer(trainer: AgentTrainer, directory: str | os.PathLike, *, max_to_
     # reading the step before its manifest exists.
     if jax.process_index() == 0:
         checkpoint_integrity.write_manifest(step_directory(directory, step))
-    if jax.process_count() > 1:
-        _barrier(f"flexmarl-manifest-{trainer.agent}-{step}")
+    fence()  # nothing with one process
     logger.info("saved agent %r policy_version %d to %s", trainer.agent, step, directory)
     return step
 

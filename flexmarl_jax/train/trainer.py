@@ -33,6 +33,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
+from flexmarl_jax.distributed.fence import fenced, mesh_spans_processes
 from flexmarl_jax.mesh.meshes import make_mesh
 from flexmarl_jax.models import functional
 from flexmarl_jax.models.config import ModelConfig
@@ -157,6 +158,7 @@ class _Steps:
         self.has_reference = config.loss.kl_coef > 0 and config.reference_in_step
 
         self.replicated = NamedSharding(mesh, PartitionSpec())
+        self.spans_processes = mesh_spans_processes(mesh)
         # Rows over "fsdp" (data parallel inside FSDP); replicate when the rows don't split evenly.
         fsdp = dict(mesh.shape).get("fsdp", 1)
         row_axis = "fsdp" if config.pass_rows % fsdp == 0 else None
@@ -283,6 +285,11 @@ class _Steps:
         if self.has_critic:
             self.values_step = jax.jit(self.critic_values, in_shardings=(trainable["critic"], self.batch),
                                        out_shardings=self.batch)
+        if self.spans_processes:  # each step's collectives end on every process before the next step's start
+            for name in ("copy_policy", "init_opt", "to_float32", "zeros_step", "accumulate_step", "apply_step",
+                         "logprobs_step", "sampling_logprobs_step", "values_step"):
+                if hasattr(self, name):
+                    setattr(self, name, fenced(getattr(self, name)))
 
 
 def _with_token_means(metrics: dict[str, float]) -> dict[str, float]:

@@ -23,6 +23,8 @@ import jax
 import numpy as np
 from jax.sharding import NamedSharding, PartitionSpec, Sharding
 
+from flexmarl_jax.distributed.fence import fenced, mesh_spans_processes
+
 
 def spans_processes(array) -> bool:
     """Whether ``array`` is a jax.Array some of whose shards live on other processes' devices."""
@@ -70,7 +72,10 @@ def local_shards(array: jax.Array) -> LocalShards:
 
 @functools.lru_cache(maxsize=64)
 def _identity(sharding: Sharding):
-    return jax.jit(lambda value: value, out_shardings=sharding)
+    """A jitted identity onto ``sharding``; on a mesh that spans processes, fenced (distributed/fence.py)."""
+    identity = jax.jit(lambda value: value, out_shardings=sharding)
+    mesh = getattr(sharding, "mesh", None)
+    return fenced(identity) if mesh is not None and mesh_spans_processes(mesh) else identity
 
 
 def rebuild(saved: LocalShards, target: Sharding) -> jax.Array:
