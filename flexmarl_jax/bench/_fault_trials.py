@@ -34,6 +34,7 @@ class TrialPlan:
     times: int = 1
     where: str | None = None
     kill_after_s: float | None = None
+    attempt: int = 0  # a sigkill trial redrawn after its run ended before the kill (`redraw_kill`)
 
 
 def plan_trials(types: Sequence[str], trials: int, seed: int, *, hits: Mapping[str, int],
@@ -58,6 +59,19 @@ def plan_trials(types: Sequence[str], trials: int, seed: int, *, hits: Mapping[s
     return plans
 
 
+MAX_KILL_ATTEMPTS = 3  # draws of one sigkill trial's moment before it counts as not fired
+
+
+def redraw_kill(plan: TrialPlan, ran_s: float, seed: int) -> TrialPlan | None:
+    """The next draw of a sigkill trial whose run ended `ran_s` after its config.json, before the kill came (runs
+    vary in length on a loaded host): a moment within that run's own length, seeded by the bench's seed, the
+    trial and the attempt. None after `MAX_KILL_ATTEMPTS` draws."""
+    if plan.attempt + 1 >= MAX_KILL_ATTEMPTS:
+        return None
+    rng = random.Random(f"{seed}:{plan.fault}:{plan.index}:{plan.attempt + 1}")
+    return dataclasses.replace(plan, kill_after_s=round(rng.uniform(0.0, 0.9 * ran_s), 3), attempt=plan.attempt + 1)
+
+
 def first_detection(detections: Sequence[Sequence], fired_at: float) -> tuple[float, str] | None:
     """The first (time, what) at or after the fault triggered (a 50 ms grace: clocks read on other threads)."""
     after = [(float(at), what) for at, what in detections if float(at) >= fired_at - 0.05]
@@ -75,6 +89,7 @@ class TrialResult:
     exit_code: int | None = None
     stop_detail: str | None = None
     fired_after_s: float | None = None  # from the start of the faulted run to the fault
+    ran_s: float | None = None  # a sigkill run that ended before its kill: from its config.json to its exit
     resume_exit_code: int | None = None  # None: no resume was needed (the run reached its end)
     lost_rows: int = 0
     double_trained_rows: int = 0

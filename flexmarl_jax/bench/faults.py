@@ -279,7 +279,8 @@ def _sigkill_run(plan: TrialPlan, workdir: str, env: dict[str, str], set_args: S
     started = time.time()
     _wait_for_config(process, workdir, run_bound_s)
     if process.poll() is None and os.path.exists(os.path.join(workdir, "config.json")):
-        kill_at = time.time() + plan.kill_after_s
+        written = time.time()
+        kill_at = written + plan.kill_after_s
         while process.poll() is None and time.time() < kill_at:
             time.sleep(0.01)
         if process.poll() is None:
@@ -290,6 +291,7 @@ def _sigkill_run(plan: TrialPlan, workdir: str, env: dict[str, str], set_args: S
             trial.fired_after_s, trial.seconds_to_detect = round(killed - started, 3), round(time.time() - killed, 3)
             trial.detected_by = "the process is gone"
             return trial
+        trial.ran_s = round(time.time() - written, 3)
     if process.poll() is None:  # never wrote its config in the bound: the run itself hung
         process.kill()
         process.wait()
@@ -356,13 +358,23 @@ def run_bench(args: argparse.Namespace) -> dict:
         columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
                    TextColumn("ETA"), TimeRemainingColumn())
         with Progress(*columns, transient=False) as progress:
-            task = progress.add_task("trials", total=len(plans))
-            for plan in plans:
+            total = len(plans)
+            task = progress.add_task("trials", total=total)
+            queue = list(plans)
+            while queue:
+                plan = queue.pop(0)
                 progress.update(task, description=f"{plan.fault} #{plan.index}")
-                workdir = os.path.join(root, f"{plan.fault}-{plan.index}")
+                name = f"{plan.fault}-{plan.index}" + (f"-{plan.attempt}" if plan.attempt else "")
+                workdir = os.path.join(root, name)
                 out = workdir + ".json"
                 trial = run_faulted(plan, workdir, out, worker, env, args.set, stall_timeout_s=stall_timeout_s,
                                     run_bound_s=run_bound_s)
+                redrawn = (trials_lib.redraw_kill(plan, trial.ran_s, args.seed)
+                           if trial.outcome == NOT_FIRED and trial.ran_s is not None else None)
+                if redrawn is not None:  # the run ended before its kill: the same trial again, killed earlier
+                    queue.insert(0, redrawn)
+                    total += 1
+                    progress.update(task, total=total)
                 if trial.outcome != NOT_FIRED:
                     resume_and_audit(trial, workdir, workdir + "-resume.json", worker, run_bound_s=run_bound_s,
                                      iterations=config.iterations, expected_rows=expected_rows)

@@ -86,3 +86,13 @@ def test_one_trial_of_two_fault_types_recovers_or_stops_and_loses_nothing(tmp_pa
         details["store_commit"]["stop_detail"]
     assert details["trainer_error"]["detected_by"].endswith("retried after a trainer error")
     assert result["acceptance"]["passed"] and result["seed"] == 3 and result["calibration"]["hits"]["weight_sync"] > 0
+
+
+def test_a_sigkill_trial_whose_run_ended_first_is_redrawn_within_that_run_then_given_up():
+    plan = trials_lib.TrialPlan(trials_lib.SIGKILL, 3, kill_after_s=30.0)
+    again = trials_lib.redraw_kill(plan, ran_s=20.0, seed=1)
+    assert again.attempt == 1 and again.index == 3 and 0.0 <= again.kill_after_s <= 18.0
+    assert again == trials_lib.redraw_kill(plan, ran_s=20.0, seed=1)  # seeded
+    last = trials_lib.redraw_kill(again, ran_s=20.0, seed=1)
+    assert last.attempt == trials_lib.MAX_KILL_ATTEMPTS - 1
+    assert trials_lib.redraw_kill(last, ran_s=20.0, seed=1) is None

@@ -15,8 +15,14 @@ from flexmarl_jax.orchestrator.journal import TRAINED_DIR, RunJournal
 from flexmarl_jax.orchestrator.resume import NoIntactCheckpoint, prepare_resume
 from flexmarl_jax.orchestrator.run import _begin_attempt, _checkpoint
 from flexmarl_jax.store import RowState
-from flexmarl_jax.train.checkpoint import (CHECKPOINT_DIR, checkpoint_versions, restore_trainer, save_all, save_trainer,
-                                          verify_checkpoint)
+from flexmarl_jax.train.checkpoint import (
+    CHECKPOINT_DIR,
+    checkpoint_versions,
+    restore_trainer,
+    save_all,
+    save_trainer,
+    verify_checkpoint,
+)
 from tests.orchestrator.conftest import AGENTS
 
 
