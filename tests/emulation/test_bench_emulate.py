@@ -110,3 +110,14 @@ def test_emulate_and_set_reach_every_preset():
     args = emulate.parse_args(["--emulate", "h200:qwen2.5-32b", "--set", "rollout.max_response_length=1024"])
     assert args.changes == {"rollout.max_response_length": "1024", "pipeline.emulate": "h200:qwen2.5-32b"}
     assert args.presets == "MA,CA"
+
+
+def test_the_calibration_statistic_leaves_out_iterations_that_compiled():
+    from flexmarl_jax.bench._emulate_calibration import steady_median
+
+    # Iterations 2 and 5 met a new shape: most of their seconds are JAX compiling.
+    seconds = [0.50, 14.0, 0.60, 0.55, 4.4, 0.58, 0.52]
+    compiles = [0.0, 13.2, 0.01, 0.0, 3.9, 0.0, 0.0]
+    assert steady_median(seconds, compiles) == (0.55, 5)
+    # Fewer than three steady iterations: the median of all, and the count says so.
+    assert steady_median([1.0, 9.0, 2.0], [0.0, 8.0, 1.5]) == (2.0, 1)
