@@ -10,7 +10,7 @@ import pytest
 from tests.distributed import processes
 from tests.distributed.test_two_process_run import distributed_flags
 
-ITERATIONS = 3
+ITERATIONS = 2
 OVERRIDES = ["--config=configs/tiny.py:smoke", f"--config.iterations={ITERATIONS}",
              "--config.pipeline.deterministic=True", "--config.rollout.instances_per_agent=2",
              "--config.mesh.train_slices=1", "--config.mesh.train_devices_per_agent=2",
