@@ -40,6 +40,22 @@ def _returns_within(call, seconds: float):
     return (not thread.is_alive(), box[0] if box else None)
 
 
+def _hung_and_healthy(engine, tiny_model):
+    """Two instances of one engine: "hung", whose steps wait for the returned event (a device call that never
+    returns until the test sets it), and "healthy"."""
+    hung, healthy = EngineInstance(engine, tiny_model.params, name="hung"), \
+        EngineInstance(engine, tiny_model.params, name="healthy")
+    release = threading.Event()
+    real_step = hung._loop.step
+
+    def hanging_step():
+        release.wait()
+        real_step()
+
+    hung._loop.step = hanging_step
+    return hung, healthy, release
+
+
 def test_an_instance_without_progress_is_taken_out_and_its_requests_move():
     clock = FakeClock()
     stuck, healthy = SteppingFake("s0", "solver", capacity=1), SteppingFake("s1", "solver", capacity=1)
@@ -129,16 +145,7 @@ def test_failover_retries_are_bounded_and_a_lone_agent_fails_loudly():
 
 @pytest.mark.timeout(120)
 def test_a_hung_step_blocks_neither_the_instance_nor_the_router_and_its_requests_fail_over(engine, tiny_model):
-    hung, healthy = EngineInstance(engine, tiny_model.params, name="hung"), \
-        EngineInstance(engine, tiny_model.params, name="healthy")
-    release = threading.Event()
-    real_step = hung._loop.step
-
-    def hanging_step():
-        release.wait()  # a device call that never returns (until the test ends)
-        real_step()
-
-    hung._loop.step = hanging_step
+    hung, healthy, release = _hung_and_healthy(engine, tiny_model)
     router = RequestRouter({"solver": [hung, healthy]}, timeout_s=1.0, max_retries=2)
     prompt = tuple(tiny_model.tokenizer.encode("7*6="))
     first = router.submit("solver", RolloutRequest(prompt, num_samples=2, max_new_tokens=4), label="q0")
@@ -182,16 +189,7 @@ def test_closing_the_backend_does_not_wait_for_an_instance_taken_out_with_a_hung
     the hung thread, past run.stall_timeout_s + 30 s from the fault. A taken-out instance is not waited for."""
     from flexmarl_jax.rollout.routed_backend import RoutedBackend
 
-    hung, healthy = EngineInstance(engine, tiny_model.params, name="hung"), \
-        EngineInstance(engine, tiny_model.params, name="healthy")
-    release = threading.Event()
-    real_step = hung._loop.step
-
-    def hanging_step():
-        release.wait()  # a device call that never returns (until the test ends)
-        real_step()
-
-    hung._loop.step = hanging_step
+    hung, healthy, release = _hung_and_healthy(engine, tiny_model)
     router = RequestRouter({"solver": [hung, healthy]}, max_retries=1)
     backend = RoutedBackend(router, tiny_model.tokenizer,
                             services=[InstanceHealthMonitor(router, stall_s=0.5, first_step_s=0.5, poll_s=0.1)])

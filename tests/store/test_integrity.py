@@ -9,6 +9,7 @@ import pytest
 import tensorstore as ts
 
 from flexmarl_jax.store import ExperienceStore, RowState, StoreCorrupted
+from tests.corruption import overwrite_with_noise
 
 GROUPS, GROUP_SIZE = 6, 4
 
@@ -70,14 +71,7 @@ def test_random_bytes_in_a_live_store_value_are_detected_in_10_of_10_trials(tmp_
         key, path, offset, length = values[rng.integers(len(values))]
         size = int(min(8, length))
         position = offset + int(rng.integers(length - size + 1))
-        with open(os.path.join(workdir, "store", path), "r+b") as handle:
-            handle.seek(position)
-            before = handle.read(size)
-            noise = before
-            while noise == before:
-                noise = rng.integers(0, 256, size, dtype=np.uint8).tobytes()
-            handle.seek(position)
-            handle.write(noise)
+        overwrite_with_noise(os.path.join(workdir, "store", path), position, size, rng)
         try:
             _read_everything(workdir)
         except StoreCorrupted as error:

@@ -10,6 +10,7 @@ import pytest
 
 from flexmarl_jax.train.checkpoint import restore_policy, restore_trainer, save_trainer, verify_checkpoint
 from flexmarl_jax.train.checkpoint_integrity import MANIFEST, CheckpointCorrupted
+from tests.corruption import overwrite_with_noise
 from tests.train.conftest import make_trainer, random_rows, run_iteration
 
 MICRO = 8
@@ -40,14 +41,7 @@ def test_random_bytes_in_a_checkpoint_data_file_are_detected_in_10_of_10_trials(
         path = data_files[rng.integers(len(data_files))]
         size = min(16, os.path.getsize(path))
         position = int(rng.integers(os.path.getsize(path) - size + 1))
-        with open(path, "r+b") as handle:
-            handle.seek(position)
-            before = handle.read(size)
-            noise = before
-            while noise == before:
-                noise = rng.integers(0, 256, size, dtype=np.uint8).tobytes()
-            handle.seek(position)
-            handle.write(noise)
+        overwrite_with_noise(path, position, size, rng)
         with pytest.raises(CheckpointCorrupted, match=os.path.relpath(path, copy / "solver" / "1")):
             restore_trainer(fresh, copy / "solver")
         with pytest.raises(CheckpointCorrupted):
