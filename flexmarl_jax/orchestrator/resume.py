@@ -52,22 +52,10 @@ def _delete(root: str, agent: str, versions) -> None:
             manager.delete(step)
 
 
-def _discard_cut_first_save(root: str, steps: dict[str, set[int]]) -> None:
-    """No version is common to every agent. Agents are saved one after another, so a run stopped during its
-    first save (the warm-up's version 0, or the first iteration's without a warm-up) leaves that one version
-    for some agents only: nothing to resume from, and a fresh start would find those steps in its way. They are
-    deleted. Anything else (agents holding different versions) is not this run's doing: NoIntactCheckpoint,
-    deleting nothing."""
-    held = set().union(*steps.values())
-    if len(held) != 1:
-        raise NoIntactCheckpoint(f"no checkpoint version under {root} is held by every agent: "
-                                 + "; ".join(f"{agent} has {sorted(versions) or 'none'}"
-                                             for agent, versions in steps.items())
-                                 + " (a workdir of another team or config?)")
-    version = held.pop()
-    logger.warning("the first save of policy version %d was cut between agents (%s have it, %s not): deleting "
-                   "it and starting over", version, ", ".join(a for a, v in steps.items() if v),
-                   ", ".join(a for a, v in steps.items() if not v))
+def _start_over(root: str, steps: dict[str, set[int]], why: str) -> None:
+    """Deletes the run's only saved version: its first save (the warm-up's version 0, or the first iteration's
+    without a warm-up) is unusable and there is nothing older to fall back to, so the run starts over."""
+    logger.warning("%s: deleting it and starting over", why)
     for agent, versions in steps.items():
         if versions:
             _delete(root, agent, versions)
@@ -89,11 +77,10 @@ def prepare_resume(root: str, agents: Sequence[str]) -> ResumePoint | None:
     verification, that save: None). Raises NoIntactCheckpoint, deleting nothing, when checkpoints exist
     but no version is intact for every agent."""
     steps = checkpoint_steps(root, agents)
-    common = sorted(set.intersection(*steps.values()), reverse=True)
-    if not common:
-        if any(steps.values()):
-            _discard_cut_first_save(root, steps)
+    held = set().union(*steps.values())
+    if not held:
         return None
+    common = sorted(set.intersection(*steps.values()), reverse=True)
     rejected: dict[int, str] = {}
     version = None
     for candidate in common:
@@ -103,14 +90,19 @@ def prepare_resume(root: str, agents: Sequence[str]) -> ResumePoint | None:
             break
         rejected[candidate] = problem
         logger.error("policy version %d cannot be resumed from: %s", candidate, problem)
-    if version is None and len(set().union(*steps.values())) == 1:
-        # Only the run's first save exists and it fails verification (killed before its last manifest, or
-        # changed on disk): there is no earlier version to fall back to, so it goes and the run starts over.
-        logger.warning("the run's only checkpoint version %d is not intact for every agent (%s): deleting it and "
-                       "starting over", common[0], rejected[common[0]])
-        for agent, versions in steps.items():
-            _delete(root, agent, versions)
+    if version is None and len(held) == 1:  # only the first save exists: cut between agents, or not intact
+        only = min(held)
+        _start_over(root, steps, (
+            f"the run's only checkpoint version {only} is not intact for every agent ({rejected[only]})" if common
+            else f"the first save of policy version {only} was cut between agents "
+                 f"({', '.join(a for a, v in steps.items() if v)} have it, "
+                 f"{', '.join(a for a, v in steps.items() if not v)} not)"))
         return None
+    if not common:  # agents hold different versions: not this run's doing
+        raise NoIntactCheckpoint(f"no checkpoint version under {root} is held by every agent: "
+                                 + "; ".join(f"{agent} has {sorted(versions) or 'none'}"
+                                             for agent, versions in steps.items())
+                                 + " (a workdir of another team or config?)")
     if version is None:
         raise NoIntactCheckpoint(f"no checkpoint version under {root} is intact for every agent: "
                                  + "; ".join(f"version {v}: {why}" for v, why in rejected.items()))
