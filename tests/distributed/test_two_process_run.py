@@ -48,6 +48,18 @@ def runs(tmp_path_factory):
                                              f"--workdir=file://{workdir}", *distributed_flags(port, index)],
                               2, devices_per_process=4)
     results = processes.wait_all(started, timeout=840)
+    if any("gloo::EnforceNotMet" in err for _, _, err in results):
+        # Open defect (docs/architecture.md, "A fence after every spanning computation"): XLA's gloo collectives
+        # share one tag and a run can abort in a collective mismatch. The run is tried once more on a fresh
+        # workdir so that this known abort does not hide what the test checks.
+        workdir = root / "run-again"
+        port = processes.free_port()
+        for ledger in ledgers:
+            ledger.unlink(missing_ok=True)
+        started = processes.start(lambda index: [child, str(ledgers[index]), UMASKS[index], "train", *OVERRIDES,
+                                                 f"--workdir=file://{workdir}", *distributed_flags(port, index)],
+                                  2, devices_per_process=4)
+        results = processes.wait_all(started, timeout=840)
     for index, (code, _, err) in enumerate(results):
         assert code == 0, f"process {index}: {err[-4000:]}"
     reference = root / "reference"
