@@ -12,13 +12,13 @@ predicts. JAX reports every trace, lowering and backend compile (`jax.monitoring
 `/jax/core/compile/`); an iteration is steady when they took under `STEADY_COMPILE_SHARE` of it. With fewer than
 `MIN_STEADY` steady iterations the median of all is used and the JSON says so. Each iteration's seconds and
 compile seconds are in the JSON beside the statistic, both runs alike.
-The emulated run: the same config with
-`pipeline.emulate = "host:tiny"`, real time (compression 1), one decode step per engine call (as the real
-engine), weight sync over the host's memory. The host chip (`host_probe.probe_host`): achieved matmul FLOP/s,
-memory bandwidth, and as its per-call overhead what a real decode step of the tiny model costs beyond its
-roofline; training at the MFU a real micro-batch reaches against that FLOP/s (`host_probe.probe_programs`).
-Both probes time the programs alone (no rollout loop, no store, no pipeline): what the calibration checks is
-whether the emulated run composes them as the real one does.
+The emulated run: the same config with `pipeline.emulate = "host:tiny"`, real time (compression 1), one decode
+step per engine call (as the real engine), weight sync over the host's memory. The host chip
+(`host_probe.probe_host`): achieved matmul FLOP/s, memory bandwidth, and as its per-call overhead what a real
+engine call of the tiny model costs beyond its roofline when a real rollout loop makes it; training at the MFU
+a real micro-batch reaches against that FLOP/s (`host_probe.probe_programs`). The probes run one engine
+instance and one trainer alone (no workflow, no store, no pipeline, no other agent): what the calibration
+checks is whether the emulated run composes them as the real one does.
 """
 
 from __future__ import annotations

@@ -32,8 +32,13 @@ class Chip:
       apply) takes on top of its roofline: dispatch and launch. Spec sheets publish none, and next to a 14B
       model's milliseconds it is small, so the spec-sheet chips leave it 0; a measured chip (this host,
       `emulation/host_probe.py`) carries what was measured, where a tiny model's calls are mostly this.
-    one_device: every emulated device of a run is this same piece of silicon, so all their work queues on one
-      timeline (this host: the fake XLA CPU devices of a run share its cores); False for real chips.
+    one_device: every emulated device of a run is this same machine (this host: the fake XLA CPU devices of a
+      run share its two cores), so the engines' calls queue on one timeline and the trainers' calls (and
+      weight syncs) on another. Why two: a tiny model's engine call is mostly the rollout loop's Python, which
+      holds the interpreter lock, so instances do not overlap each other; a training micro-batch is one XLA
+      program, which runs beside the loop on the other core. Both are approximations: XLA's training program
+      also takes cycles from the loop, so the real asynchronous run overlaps less than this predicts (its
+      calibration comes out low, README "The paper's scale, emulated"). False for real chips.
     """
 
     name: str

@@ -13,9 +13,8 @@ least disturbed one):
 * `hbm_bytes_per_s`: bytes read plus written per second by an elementwise op over a 64 MiB array.
 
 The chip is named `HOST_CHIP` ("host") and is registered for this process only (`chips.register_chip`). It is
-`one_device`: a run's fake XLA devices are the same two cores, so its emulated engines and trainers queue
-their work on one timeline, one call at a time (a tiny model's programs hardly use a second core; the
-rollout loop's Python takes it).
+`one_device`: a run's fake XLA devices are the same two cores, so its emulated engines queue their calls on one
+timeline and its trainers on another (`chips.Chip.one_device` says why two).
 """
 
 from __future__ import annotations
@@ -77,8 +76,14 @@ def probe_host(*, matmul_rows: int = 1280, hidden: int = 64, bandwidth_bytes: in
 class ProgramCosts:
     """What this host's real programs of a run's model cost beyond the roofline of `chip`.
 
-    decode_call_overhead_s: a FlexEngine decode step of every slot, measured, less its roofline time (a tiny
-      model's step is dominated by the program's many small ops and its sampling, not by FLOPs or bytes).
+    decode_call_overhead_s: what one engine call costs beyond its roofline when the real rollout loop makes it:
+      a request of every slot through a real `EngineInstance` over a `FlexEngine` (one prefill, then one decode
+      step per token), less the calls' roofline times, per call. Measured in the loop rather than on a bare
+      `generate`, because on this host the loop's own work per call (reading each step's tokens back, sampling
+      bookkeeping, inserting the prefix into the slots) runs on the same two cores as the programs, so it adds
+      to each call instead of hiding behind it as it would behind an accelerator; a tiny model's call is
+      dominated by this and by the program's many small ops, not by FLOPs or bytes.
+    decode_step_s: that request's seconds per engine call.
     train_mfu: a real training micro-batch's FLOPs over (its measured seconds x the chip's achieved FLOP/s):
       the share of the probe's matmul rate a whole forward + backward reaches.
     """
@@ -89,10 +94,10 @@ class ProgramCosts:
     train_micro_batch_s: float
 
 
-def probe_programs(config: Any, chip: Chip, *, steps: int = 20, train_calls: int = 3) -> ProgramCosts:
-    """Times the first agent's real engine step and training micro-batch at `config`'s sizes on XLA device 0."""
+def probe_programs(config: Any, chip: Chip, *, train_calls: int = 3) -> ProgramCosts:
+    """Times the first agent's real engine calls (in the rollout loop) and training micro-batch at `config`'s
+    sizes on XLA device 0."""
     import jax
-    import numpy as np
 
     from flexmarl_jax.bench._roofline import train_step_flops
     from flexmarl_jax.emulation.cost_model import CostModel
@@ -101,6 +106,8 @@ def probe_programs(config: Any, chip: Chip, *, steps: int = 20, train_calls: int
     from flexmarl_jax.orchestrator.agents import agent_trainer_config
     from flexmarl_jax.orchestrator.rollout_setup import engine_config_for
     from flexmarl_jax.rollout.engine import FlexEngine, SlotSampling
+    from flexmarl_jax.rollout.instance import EngineInstance
+    from flexmarl_jax.rollout.loop import RolloutRequest
     from flexmarl_jax.train.batch import build_micro_batch
     from flexmarl_jax.train.normalizers import IterationNormalizers
     from flexmarl_jax.train.trainer import AgentTrainer
@@ -112,23 +119,27 @@ def probe_programs(config: Any, chip: Chip, *, steps: int = 20, train_calls: int
     graphdef, params = functional.init_params(model, seed=0)
     engine_config = engine_config_for(config, agent)
     engine = FlexEngine(model, graphdef, engine_config, source.tokenizer, params=params)
+    instance = EngineInstance(engine, params, name="calibration-probe")
     slots, prompt = engine_config.max_concurrent_decodes, config.rollout.max_prompt_length // 2
-    bucket = engine_config.bucket_for(prompt)
-    prefix = engine.prefill_batch(params, np.ones((1, bucket), np.int32), [prompt], [SlotSampling(temperature=1.0)])
-    state = engine.insert_many(prefix, engine.init_decode_state(), list(range(slots)), list(range(slots)),
-                               [0] * slots)
-    state, result = engine.generate(params, state)  # compiles
-    jax.block_until_ready(result.data)
-    best = float("inf")
-    for _ in range(_REPEATS):
+    steps = config.rollout.max_response_length
+
+    def request_seconds(samples: int) -> float:
+        """Wall seconds of one request of `samples` samples of `steps` tokens through the real rollout loop."""
+        instance.submit(RolloutRequest(prompt_ids=tuple(range(3, 3 + prompt)), num_samples=samples,
+                                       sampling=SlotSampling(temperature=1.0), max_new_tokens=steps,
+                                       ignore_eos=True))
         started = time.perf_counter()
-        for _ in range(steps):
-            state, result = engine.generate(params, state)
-        jax.block_until_ready(result.data)
-        best = min(best, (time.perf_counter() - started) / steps)
-    roofline_free = dataclasses.replace(chip, call_overhead_s=0.0)
-    context = prompt + steps * _REPEATS / 2
-    decode_overhead = max(0.0, best - CostModel(model, roofline_free).decode_step_s(slots, context))
+        instance.run_until_idle()
+        return time.perf_counter() - started
+
+    request_seconds(1)  # compiles the prefill, insert and decode programs
+    request_seconds(slots)
+    best = min(request_seconds(slots) for _ in range(_REPEATS))
+    # One prefill call and `steps` decode calls, each costing its roofline plus the overhead o on this host:
+    # best = prefill roofline + steps x decode roofline + (steps + 1) x o.
+    roofline = CostModel(model, dataclasses.replace(chip, call_overhead_s=0.0))
+    rooflines = roofline.prefill_s(1, prompt) + sum(roofline.decode_step_s(slots, prompt + k) for k in range(steps))
+    decode_overhead = max(0.0, (best - rooflines) / (steps + 1))
 
     trainer_config = agent_trainer_config(config, agent)
     trainer = AgentTrainer(agent, model, trainer_config)
@@ -149,5 +160,5 @@ def probe_programs(config: Any, chip: Chip, *, steps: int = 20, train_calls: int
     trainer.discard_accumulated()
     flops = train_step_flops(model, rows, prompt + response)
     mfu = min(1.0, flops / (best_train * chip.peak_bf16_flops))
-    return ProgramCosts(decode_call_overhead_s=decode_overhead, train_mfu=mfu, decode_step_s=best,
+    return ProgramCosts(decode_call_overhead_s=decode_overhead, train_mfu=mfu, decode_step_s=best / (steps + 1),
                         train_micro_batch_s=best_train)

@@ -45,20 +45,23 @@ class Emulation:
     rollout: CostModel  # one engine instance's replica
     train: CostModel  # one agent's training mesh (or one shared slice)
     sync_link_name: str
-    # The one timeline every engine, trainer and weight sync queues on when the chip is `one_device`, else None.
-    shared_device: DeviceQueue | None = None
+    # When the chip is `one_device` (this host): the timeline every engine's calls queue on, and the one every
+    # trainer's calls and weight sync queue on (see chips.Chip.one_device); None for real chips.
+    shared_rollout_device: DeviceQueue | None = None
+    shared_train_device: DeviceQueue | None = None
 
     @classmethod
     def from_config(cls, config: RunConfig) -> Emulation:
         pipeline, mesh = config.pipeline, config.mesh
         device = parse_emulate(pipeline.emulate)
+        shared = device.chip.one_device
         return cls(device=device, timescale=TimeScale(pipeline.emulate_compression),
                    rollout=CostModel(device.model, device.chip, chips=mesh.rollout_devices_per_instance),
                    train=CostModel(device.model, device.chip, chips=mesh.train_devices_per_agent,
                                    mfu=pipeline.emulate_mfu),
                    sync_link_name=pipeline.emulate_sync_link,
-                   shared_device=DeviceQueue(TimeScale(pipeline.emulate_compression)) if device.chip.one_device
-                   else None)
+                   shared_rollout_device=DeviceQueue(TimeScale(pipeline.emulate_compression)) if shared else None,
+                   shared_train_device=DeviceQueue(TimeScale(pipeline.emulate_compression)) if shared else None)
 
     def weight_sync_s(self) -> float:
         """Device seconds of one agent's weight sync: each training chip sends its shard over its own link."""
@@ -83,7 +86,8 @@ def build_emulated_runtimes(config: RunConfig, emulation: Emulation, sources: Ma
     runtimes = {}
     for agent in team_agents(config.workflow):
         trainer = EmulatedTrainer(agent, emulation.train, agent_trainer_config(config, agent),
-                                  timescale=emulation.timescale, slices=slices, device=emulation.shared_device)
+                                  timescale=emulation.timescale, slices=slices,
+                                  device=emulation.shared_train_device)
         source = sources[agent]
         runtimes[agent] = AgentRuntime(name=agent, model_config=emulation.device.model, tokenizer=source.tokenizer,
                                        sampling=sampling_for(config, agent), devices=None, trainer=trainer)
@@ -101,7 +105,7 @@ def start_emulated_engines(config: RunConfig, emulation: Emulation, runtimes: Ma
         for _ in range(config.rollout.instances_per_agent):
             engine = EmulatedEngine(emulation.rollout, engine_config, runtime.tokenizer, script,
                                     tokens_per_call=config.pipeline.emulate_tokens_per_call,
-                                    timescale=emulation.timescale, device=emulation.shared_device)
+                                    timescale=emulation.timescale, device=emulation.shared_rollout_device)
             instance = TimedInstance(engine, placeholder_params(), policy_version=runtime.trainer.policy_version,
                                      name=f"instance{number}")
             instances.append(instance.attach(timeline, agent))
@@ -131,7 +135,8 @@ class EmulatedWeightSync:
         self._queues: dict[str, DeviceQueue] = {}
 
     def __call__(self, agent: str, params: Any, version: int) -> None:
-        queue = self.emulation.shared_device or self._queues.setdefault(agent, DeviceQueue(self.emulation.timescale))
+        queue = (self.emulation.shared_train_device
+                 or self._queues.setdefault(agent, DeviceQueue(self.emulation.timescale)))
         queue.wait_until(queue.enqueue(self.emulation.weight_sync_s()))
         self.synced[agent] = int(version)
         self.push(agent, params, version)

@@ -219,3 +219,31 @@ def test_a_measured_chip_is_registered_for_the_process_but_never_over_a_spec_she
     with pytest.raises(ValueError, match=r"^chip name 'v5p' is a spec-sheet chip's"):
         register_chip(dataclasses.replace(ROUND, name="v5p"))
     assert not any(chip.one_device or chip.call_overhead_s for chip in CHIPS.values())  # spec sheets: neither
+
+
+def test_a_one_device_chip_gives_engines_one_timeline_and_trainers_another():
+    """This host as a chip: every engine's calls queue on one timeline, every trainer's calls and weight syncs
+    on a second (chips.Chip.one_device); a spec-sheet chip gives each its own."""
+    import dataclasses
+
+    from flexmarl_jax.config import RunConfig, apply_overrides
+    from flexmarl_jax.configs import tiny
+    from flexmarl_jax.emulation.chips import register_chip
+    from flexmarl_jax.orchestrator.emulated_setup import Emulation
+
+    def emulation(chip: str) -> Emulation:
+        config = apply_overrides(tiny.get_config("smoke"), {"workdir": "/unused", "pipeline.emulate": f"{chip}:tiny"})
+        return Emulation.from_config(RunConfig.from_config(config))
+
+    register_chip(dataclasses.replace(ROUND, name="measured-two-lanes", source="measured by this test",
+                                      one_device=True))
+    try:
+        shared = emulation("measured-two-lanes")
+    finally:
+        CHIPS.pop("measured-two-lanes", None)
+    assert shared.shared_rollout_device is not None and shared.shared_train_device is not None
+    assert shared.shared_rollout_device is not shared.shared_train_device
+    shared.shared_train_device.enqueue(10.0)  # a trainer's long call does not hold up an engine's
+    assert shared.shared_rollout_device.enqueue(1.0) - shared.shared_train_device.clock() < 2.0
+    spec = emulation("v5p")
+    assert spec.shared_rollout_device is None and spec.shared_train_device is None
