@@ -306,7 +306,12 @@ class JointOrchestrator:
             for agent, dispatcher in dispatchers.items():
                 if self.checker is not None:
                     self.checker.training_discarded([i for rows in dispatcher.claimed for i in rows.sample_ids], agent)
-                dispatcher.release_all()  # nothing of this iteration was applied: its rows are claimable again
+                try:
+                    dispatcher.release_all()  # nothing of this iteration was applied: its rows are claimable again
+                except Exception:  # noqa: BLE001 - the error being raised says why the iteration failed
+                    # Its rows are released first; what can fail is dropping the gradients, when the failed step
+                    # consumed the trainer's (donated) state. Logged, so that it does not hide the cause.
+                    logger.exception("agent %r: releasing the failed iteration's work", agent)
             self._abandon_pending_rollout()
             raise
         trained = {agent: [sample_id for rows in dispatcher.claimed for sample_id in rows.sample_ids]

@@ -125,3 +125,24 @@ def test_the_trainer_error_fault_point_is_recovered_by_one_retry(orchestrator_fa
     assert orchestrator.attempts[0] == 1 and orchestrator.versions() == {a: 1 for a in orchestrator.trainers}
     assert counts["consumed"] == sum(agent["samples"] for agent in record["agent"].values())
     assert counts["consumed"] + counts["dropped"] == counts["total"] and counts["claimed"] == counts["ready"] == 0
+
+
+@pytest.mark.timeout(180)
+def test_a_failed_step_that_also_breaks_dropping_the_gradients_still_raises_its_own_error(orchestrator_factory):
+    """A step that fails after consuming the trainer's donated state (a collective whose peer died, an
+    out-of-memory) leaves nothing to drop: the iteration's rows are still all given back, and the error raised is
+    the step's, not the discard's."""
+    orchestrator, _ = orchestrator_factory("flexmarl")
+    solver = orchestrator.trainers["solver"]
+    _fail_on_call(solver, calls_before_failure=0)
+
+    def discard_accumulated():
+        raise RuntimeError("Array has been deleted")
+
+    solver.discard_accumulated = discard_accumulated
+    _begin_attempt(orchestrator, None, 0, durable=False)
+    with pytest.raises(TrainerFailed, match="agent 'solver': training a micro-batch of 8 rows failed") as raised:
+        orchestrator.run_iteration(0)
+    assert "injected trainer failure" in str(raised.value.__cause__)
+    counts = _counts(orchestrator.store)
+    assert counts["claimed"] == 0 and counts["consumed"] == 0 and counts["ready"] == counts["total"] > 0
