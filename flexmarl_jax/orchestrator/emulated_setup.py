@@ -54,14 +54,15 @@ class Emulation:
     def from_config(cls, config: RunConfig) -> Emulation:
         pipeline, mesh = config.pipeline, config.mesh
         device = parse_emulate(pipeline.emulate)
+        timescale = TimeScale(pipeline.emulate_compression)
         shared = device.chip.one_device
-        return cls(device=device, timescale=TimeScale(pipeline.emulate_compression),
+        return cls(device=device, timescale=timescale,
                    rollout=CostModel(device.model, device.chip, chips=mesh.rollout_devices_per_instance),
                    train=CostModel(device.model, device.chip, chips=mesh.train_devices_per_agent,
                                    mfu=pipeline.emulate_mfu),
                    sync_link_name=pipeline.emulate_sync_link,
-                   shared_rollout_device=DeviceQueue(TimeScale(pipeline.emulate_compression)) if shared else None,
-                   shared_train_device=DeviceQueue(TimeScale(pipeline.emulate_compression)) if shared else None)
+                   shared_rollout_device=DeviceQueue(timescale) if shared else None,
+                   shared_train_device=DeviceQueue(timescale) if shared else None)
 
     def weight_sync_s(self) -> float:
         """Device seconds of one agent's weight sync: each training chip sends its shard over its own link."""

@@ -8,7 +8,7 @@ import time
 import pytest
 
 from tests.distributed import processes
-from tests.distributed.test_two_process_run import TRIES, distributed_flags
+from tests.distributed.test_two_process_run import distributed_flags
 
 ITERATIONS = 2
 OVERRIDES = ["--config=configs/tiny.py:smoke", f"--config.iterations={ITERATIONS}",
@@ -25,12 +25,6 @@ def _records(workdir) -> list[int]:
             if line.endswith("\n") and json.loads(line).get("kind", "iteration") == "iteration"]
 
 
-def _gloo_abort(*errors: str) -> bool:
-    """Whether a run ended in the open gloo collective-mismatch abort (docs/architecture.md, "A fence after every
-    spanning computation"), which `TRIES` runs of a 2-process run absorb, as in test_two_process_run."""
-    return any("gloo::EnforceNotMet" in err for err in errors)
-
-
 def _start(workdir):
     port = processes.free_port()
     return processes.start(lambda index: ["-m", "flexmarl_jax.cli.main", "train", *OVERRIDES,
@@ -41,7 +35,7 @@ def _start(workdir):
 @pytest.mark.timeout(900)
 def test_a_killed_process_stops_the_other_within_60_s_and_both_resume(tmp_path):
     ended: list[tuple[int, str, str]] = []
-    for attempt in range(TRIES):
+    for attempt in range(processes.GLOO_ABORT_TRIES):
         workdir = tmp_path / f"run{attempt}"
         survivor, victim = _start(workdir)
         deadline = time.monotonic() + 600
@@ -50,7 +44,7 @@ def test_a_killed_process_stops_the_other_within_60_s_and_both_resume(tmp_path):
         if _records(workdir):
             break
         ended = processes.wait_all([survivor, victim], timeout=120)
-        if not _gloo_abort(*(err for _, _, err in ended)):
+        if not processes.ended_in_gloo_abort(ended):
             break
     assert _records(workdir) == [0], f"iteration 0 was never recorded: {[err[-2000:] for _, _, err in ended]}"
     victim.send_signal(signal.SIGKILL)
@@ -63,10 +57,7 @@ def test_a_killed_process_stops_the_other_within_60_s_and_both_resume(tmp_path):
     assert "Task 1 heartbeat timeout" in err, err[-3000:]  # JAX's runtime names the lost process
     assert 0 < len(_records(workdir)) < ITERATIONS
 
-    for _ in range(TRIES):  # the resume, again while it ends in the known gloo abort
-        results = processes.wait_all(_start(workdir), timeout=600)
-        if not _gloo_abort(*(err for _, _, err in results)):
-            break
+    results = processes.run_absorbing_gloo_aborts(lambda _: _start(workdir), timeout=600)  # the resume
     for index, (code, _, err) in enumerate(results):
         assert code == 0, f"process {index} of the rerun: {err[-3000:]}"
     assert _records(workdir) == list(range(ITERATIONS))  # resumed: each iteration once, none lost

@@ -30,7 +30,6 @@ OVERRIDES = ["--config=configs/tiny.py:smoke", "--config.pipeline.deterministic=
              "--config.rollout.instances_per_agent=2", "--config.mesh.train_slices=1",
              "--config.mesh.train_devices_per_agent=2", "--config.store.backend=file", "--config.eval.enabled=False"]
 UMASKS = ("022", "077")  # process 0 creates files rw-r--r--, process 1 rw-------
-TRIES = 3  # runs of the 2 processes at most, while they abort in the known gloo mismatch (see `runs`)
 
 
 def distributed_flags(port: int, process_id: int) -> list[str]:
@@ -44,22 +43,19 @@ def runs(tmp_path_factory):
     root = tmp_path_factory.mktemp("two_process")
     ledgers = [root / f"writes{index}.txt" for index in range(2)]
     child = str(processes.REPO / "tests" / "distributed" / "train_child.py")
-    # Open defect (docs/architecture.md, "A fence after every spanning computation"): a 2-process run over
-    # XLA's CPU gloo collectives aborts in a collective mismatch about one time in seven, even with every spanning
-    # computation fenced. A run that aborts so is tried again on a fresh workdir, up to `TRIES` in all, so that
-    # this known abort does not hide what the tests check; any other failure fails at once.
-    for attempt in range(TRIES):
-        workdir = root / f"run{attempt}"
-        port = processes.free_port()
+    workdirs = []  # one per try; the last one ran to its end
+
+    def start(attempt: int):  # a fresh workdir and ledgers for each try (processes.ended_in_gloo_abort)
         for ledger in ledgers:
             ledger.unlink(missing_ok=True)
-        started = processes.start(
-            lambda index, workdir=workdir, port=port: [child, str(ledgers[index]), UMASKS[index], "train", *OVERRIDES,
-                                                       f"--workdir=file://{workdir}", *distributed_flags(port, index)],
-            2, devices_per_process=4)
-        results = processes.wait_all(started, timeout=840)
-        if not any("gloo::EnforceNotMet" in err for _, _, err in results):
-            break
+        port = processes.free_port()
+        workdirs.append(root / f"run{attempt}")
+        return processes.start(lambda index: [child, str(ledgers[index]), UMASKS[index], "train", *OVERRIDES,
+                                              f"--workdir=file://{workdirs[-1]}", *distributed_flags(port, index)],
+                               2, devices_per_process=4)
+
+    results = processes.run_absorbing_gloo_aborts(start, timeout=840)
+    workdir = workdirs[-1]
     for index, (code, _, err) in enumerate(results):
         assert code == 0, f"process {index}: {err[-4000:]}"
     reference = root / "reference"
