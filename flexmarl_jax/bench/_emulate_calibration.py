@@ -16,7 +16,8 @@ The emulated run: the same config with `pipeline.emulate = "host:tiny"`, real ti
 step per engine call (as the real engine), weight sync over the host's memory. The host chip
 (`host_probe.probe_host`): achieved matmul FLOP/s, memory bandwidth, and as its per-call overhead what a real
 engine call of the tiny model costs beyond its roofline when a real rollout loop makes it; training at the MFU
-a real micro-batch reaches against that FLOP/s (`host_probe.probe_programs`). The probes run one engine
+a real micro-batch reaches against that FLOP/s; and how much slower engine calls and training calls run while the
+other has work, both sharing the two cores (`host_probe.probe_programs`). The probes run one engine
 instance and one trainer alone (no workflow, no store, no pipeline, no other agent): what the calibration
 checks is whether the emulated run composes them as the real one does.
 """
@@ -113,7 +114,10 @@ def calibrate(*, seed: int, root: str) -> tuple[dict[str, dict[str, float]], dic
 
     measured_chip = probe_host()
     programs = probe_programs(tiny_config("sync", seed=seed, workdir=os.path.join(root, "probe")), measured_chip)
-    chip = register_chip(dataclasses.replace(measured_chip, call_overhead_s=programs.decode_call_overhead_s))
+    chip = register_chip(dataclasses.replace(
+        measured_chip, call_overhead_s=programs.decode_call_overhead_s,
+        engine_slowdown_beside_training=programs.engine_slowdown_beside_training,
+        training_slowdown_beside_engines=programs.training_slowdown_beside_engines))
     logger.info("host chip: %s; programs: %s", chip, programs)
     result = {}
     for mode in MODES:

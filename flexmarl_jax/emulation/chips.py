@@ -36,9 +36,11 @@ class Chip:
       run share its two cores), so the engines' calls queue on one timeline and the trainers' calls (and
       weight syncs) on another. Why two: a tiny model's engine call is mostly the rollout loop's Python, which
       holds the interpreter lock, so instances do not overlap each other; a training micro-batch is one XLA
-      program, which runs beside the loop on the other core. Both are approximations: XLA's training program
-      also takes cycles from the loop, so the real asynchronous run overlaps less than this predicts (its
-      calibration comes out low, README "The paper's scale, emulated"). False for real chips.
+      program, which runs beside the loop on the other core. The two timelines still share the cores: while
+      both have work, each runs slower, by the two factors below. False for real chips.
+    engine_slowdown_beside_training: on a `one_device` chip, how many times longer an engine call takes while
+      a training call runs beside it (measured: `host_probe.probe_programs`); 1 = no contention.
+    training_slowdown_beside_engines: likewise for a training call (or weight sync) while engines decode.
     """
 
     name: str
@@ -51,6 +53,16 @@ class Chip:
     source: str
     call_overhead_s: float = 0.0
     one_device: bool = False
+    engine_slowdown_beside_training: float = 1.0
+    training_slowdown_beside_engines: float = 1.0
+
+    def __post_init__(self):
+        for field in ("engine_slowdown_beside_training", "training_slowdown_beside_engines"):
+            value = getattr(self, field)
+            if not value >= 1.0:
+                raise ValueError(f"chip {self.name!r}: {field}={value!r} must be >= 1 (1 = no contention)")
+            if value > 1.0 and not self.one_device:
+                raise ValueError(f"chip {self.name!r}: {field}={value!r} applies only to a one_device chip")
 
     @property
     def interconnect_one_way_bytes_per_s(self) -> float:

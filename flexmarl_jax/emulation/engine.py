@@ -89,6 +89,40 @@ class DeviceQueue:
         self.device_s = 0.0  # device seconds enqueued so far (uncompressed)
         self.host_stall_s = 0.0  # wall seconds
         self.calls = 0
+        self._beside: DeviceQueue | None = None  # the timeline this one shares its silicon with (contend_with)
+        self._slowdown = 1.0
+        self._beside_calls_are_short = False
+
+    def contend_with(self, beside: DeviceQueue, *, slowdown: float, beside_calls_are_short: bool) -> None:
+        """Makes this timeline's work run `slowdown` times slower while `beside` has work: two timelines on one
+        piece of silicon (`Chip.one_device`: this host's engines and trainers share its cores).
+
+        How much of a call overlaps `beside`'s work: when `beside`'s calls are long (training, seen from an
+        engine), its queue already says until when it is busy, and only that stretch of the call is slowed.
+        When they are short (engine steps, seen from a training call), the queue knows only the current step;
+        engines that are decoding when the call starts are taken to go on decoding through the whole call (a
+        rollout issues its steps back to back), and engines that are idle then, to stay idle.
+        """
+        if not slowdown >= 1.0:
+            raise ValueError(f"slowdown={slowdown!r} must be >= 1")
+        self._beside, self._slowdown, self._beside_calls_are_short = beside, float(slowdown), beside_calls_are_short
+
+    @property
+    def busy_until(self) -> float:
+        """The wall-clock time the work enqueued so far ends (in the past when the device is idle)."""
+        return self._free_at
+
+    def _contended_wall_s(self, start: float, wall_s: float) -> float:
+        """`wall_s` of work starting at `start`, stretched where it overlaps the work of the timeline beside."""
+        if self._beside is None or self._slowdown == 1.0:
+            return wall_s
+        beside_until = self._beside.busy_until
+        if self._beside_calls_are_short:
+            return wall_s * self._slowdown if beside_until > start else wall_s
+        overlap = max(0.0, beside_until - start)  # wall seconds at the slow rate
+        if wall_s * self._slowdown <= overlap:
+            return wall_s * self._slowdown
+        return overlap + (wall_s - overlap / self._slowdown)
 
     def enqueue(self, device_s: float, *, follows_work: bool = False) -> float:
         """Schedules `device_s` device seconds; returns the wall-clock time the work is done. With
@@ -98,7 +132,7 @@ class DeviceQueue:
             if follows_work and now > self._free_at:
                 self.host_stall_s += now - self._free_at
             start = max(now, self._free_at)
-            self._free_at = start + self.timescale.wall_s(device_s)
+            self._free_at = start + self._contended_wall_s(start, self.timescale.wall_s(device_s))
             self.device_s += device_s
             self.calls += 1
             return self._free_at

@@ -14,13 +14,17 @@ least disturbed one):
 
 The chip is named `HOST_CHIP` ("host") and is registered for this process only (`chips.register_chip`). It is
 `one_device`: a run's fake XLA devices are the same two cores, so its emulated engines queue their calls on one
-timeline and its trainers on another (`chips.Chip.one_device` says why two).
+timeline and its trainers on another (`chips.Chip.one_device` says why two), and `probe_programs` measures how
+much each slows the other when both have work (the calibration carries both factors into the chip).
 """
 
 from __future__ import annotations
 
 import dataclasses
+import statistics
+import threading
 import time
+from collections.abc import Callable
 from typing import Any
 
 from flexmarl_jax.emulation.chips import Chip
@@ -86,21 +90,29 @@ class ProgramCosts:
     decode_step_s: that request's seconds per engine call.
     train_mfu: a real training micro-batch's FLOPs over (its measured seconds x the chip's achieved FLOP/s):
       the share of the probe's matmul rate a whole forward + backward reaches.
+    engine_slowdown_beside_training: that request's median seconds while a thread trains micro-batches back to
+      back on another XLA device, over its median seconds alone: what a run's training takes from its rollout
+      loop when both share this host's cores (`Chip.engine_slowdown_beside_training`).
+    training_slowdown_beside_engines: a micro-batch's median seconds while a thread makes such requests back to
+      back, over its median seconds alone.
     """
 
     decode_call_overhead_s: float
     train_mfu: float
     decode_step_s: float
     train_micro_batch_s: float
+    engine_slowdown_beside_training: float = 1.0
+    training_slowdown_beside_engines: float = 1.0
 
 
-def probe_programs(config: Any, chip: Chip, *, train_calls: int = 3) -> ProgramCosts:
+def probe_programs(config: Any, chip: Chip, *, train_calls: int = 10) -> ProgramCosts:
     """Times the first agent's real engine calls (in the rollout loop) and training micro-batch at `config`'s
-    sizes on XLA device 0."""
+    sizes: the engine on XLA device 0, the trainer on the last device."""
     import jax
 
     from flexmarl_jax.bench._roofline import train_step_flops
     from flexmarl_jax.emulation.cost_model import CostModel
+    from flexmarl_jax.mesh.meshes import make_mesh
     from flexmarl_jax.models import functional
     from flexmarl_jax.models.sources import resolve_model
     from flexmarl_jax.orchestrator.agents import agent_trainer_config
@@ -142,23 +154,50 @@ def probe_programs(config: Any, chip: Chip, *, train_calls: int = 3) -> ProgramC
     decode_overhead = max(0.0, (best - rooflines) / (steps + 1))
 
     trainer_config = agent_trainer_config(config, agent)
-    trainer = AgentTrainer(agent, model, trainer_config)
+    # On a device of its own, as a run's trainers are on other fake devices than its engines (same cores).
+    trainer = AgentTrainer(agent, model, trainer_config, mesh=make_mesh(jax.devices()[-1:], fsdp=1))
     rows, response = config.train.micro_batch_size, config.rollout.max_response_length
     batch = build_micro_batch(
         agent=agent, prompt_ids=[[3] * prompt] * rows, response_ids=[[4] * response] * rows,
         behaviour_logprobs=[[-1.0] * response] * rows, advantages=[1.0] * rows, aggregation="token_mean",
         normalizers=IterationNormalizers.from_response_lengths([response] * rows, norm_length=response),
         batch_size=rows, max_len=trainer_config.max_len)
-    trainer.accumulate(batch)  # compiles
-    jax.block_until_ready(trainer.accumulated_gradients())
-    best_train = float("inf")
-    for _ in range(train_calls):
+
+    def micro_batch_seconds() -> float:
         started = time.perf_counter()
         trainer.accumulate(batch)
         jax.block_until_ready(trainer.accumulated_gradients())
-        best_train = min(best_train, time.perf_counter() - started)
-    trainer.discard_accumulated()
+        return time.perf_counter() - started
+
+    micro_batch_seconds()  # compiles
+    best_train = min(micro_batch_seconds() for _ in range(train_calls))
     flops = train_step_flops(model, rows, prompt + response)
     mfu = min(1.0, flops / (best_train * chip.peak_bf16_flops))
+
+    engine_slowdown = _slowdown(lambda: request_seconds(slots), beside=micro_batch_seconds)
+    training_slowdown = _slowdown(micro_batch_seconds, beside=lambda: request_seconds(slots))
+    trainer.discard_accumulated()
     return ProgramCosts(decode_call_overhead_s=decode_overhead, train_mfu=mfu, decode_step_s=best / (steps + 1),
-                        train_micro_batch_s=best_train)
+                        train_micro_batch_s=best_train, engine_slowdown_beside_training=engine_slowdown,
+                        training_slowdown_beside_engines=training_slowdown)
+
+
+def _slowdown(timed: Callable[[], float], *, beside: Callable[[], Any], repeats: int = 3 * _REPEATS) -> float:
+    """The median seconds of `timed` while another thread calls `beside` back to back, over its median seconds
+    alone (at least 1). Medians, not minima: contention is what is measured, and the least disturbed call
+    would hide it."""
+    alone = statistics.median(timed() for _ in range(repeats))
+    stop = threading.Event()
+
+    def keep_busy() -> None:
+        while not stop.is_set():
+            beside()
+
+    thread = threading.Thread(target=keep_busy, name="calibration-contention", daemon=True)
+    thread.start()
+    try:
+        beside_of = statistics.median(timed() for _ in range(repeats))
+    finally:
+        stop.set()
+        thread.join()
+    return max(1.0, beside_of / alone)

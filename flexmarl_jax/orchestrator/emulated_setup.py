@@ -20,7 +20,7 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 from flexmarl_jax.config import RunConfig
-from flexmarl_jax.emulation.chips import get_link
+from flexmarl_jax.emulation.chips import Chip, get_link
 from flexmarl_jax.emulation.cost_model import CostModel
 from flexmarl_jax.emulation.engine import DeviceQueue, EmulatedEngine, ScriptedTokens, fixed_length, placeholder_params
 from flexmarl_jax.emulation.scripts import long_tailed
@@ -55,19 +55,29 @@ class Emulation:
         pipeline, mesh = config.pipeline, config.mesh
         device = parse_emulate(pipeline.emulate)
         timescale = TimeScale(pipeline.emulate_compression)
-        shared = device.chip.one_device
+        rollout_device, train_device = _shared_timelines(device.chip, timescale)
         return cls(device=device, timescale=timescale,
                    rollout=CostModel(device.model, device.chip, chips=mesh.rollout_devices_per_instance),
                    train=CostModel(device.model, device.chip, chips=mesh.train_devices_per_agent,
                                    mfu=pipeline.emulate_mfu),
                    sync_link_name=pipeline.emulate_sync_link,
-                   shared_rollout_device=DeviceQueue(timescale) if shared else None,
-                   shared_train_device=DeviceQueue(timescale) if shared else None)
+                   shared_rollout_device=rollout_device, shared_train_device=train_device)
 
     def weight_sync_s(self) -> float:
         """Device seconds of one agent's weight sync: each training chip sends its shard over its own link."""
         name = self.device.chip.interconnect if self.sync_link_name == "interconnect" else self.sync_link_name
         return self.train.weight_sync_s(get_link(name, self.device.chip))
+
+
+def _shared_timelines(chip: Chip, timescale: TimeScale) -> tuple[DeviceQueue | None, DeviceQueue | None]:
+    """A `one_device` chip's two timelines (every engine's, every trainer's), each slowed while the other has
+    work by the chip's measured factors (`DeviceQueue.contend_with`); (None, None) for a real chip."""
+    if not chip.one_device:
+        return None, None
+    rollout, train = DeviceQueue(timescale), DeviceQueue(timescale)
+    rollout.contend_with(train, slowdown=chip.engine_slowdown_beside_training, beside_calls_are_short=False)
+    train.contend_with(rollout, slowdown=chip.training_slowdown_beside_engines, beside_calls_are_short=True)
+    return rollout, train
 
 
 def script_for(config: RunConfig, tokenizer: Any) -> ScriptedTokens:

@@ -219,6 +219,10 @@ def test_a_measured_chip_is_registered_for_the_process_but_never_over_a_spec_she
     with pytest.raises(ValueError, match=r"^chip name 'v5p' is a spec-sheet chip's"):
         register_chip(dataclasses.replace(ROUND, name="v5p"))
     assert not any(chip.one_device or chip.call_overhead_s for chip in CHIPS.values())  # spec sheets: neither
+    with pytest.raises(ValueError, match=r"^chip 'round': engine_slowdown_beside_training=0.9 must be >= 1"):
+        dataclasses.replace(ROUND, one_device=True, engine_slowdown_beside_training=0.9)
+    with pytest.raises(ValueError, match=r"training_slowdown_beside_engines=2.0 applies only to a one_device chip"):
+        dataclasses.replace(ROUND, training_slowdown_beside_engines=2.0)
 
 
 def test_a_one_device_chip_gives_engines_one_timeline_and_trainers_another():
@@ -245,5 +249,14 @@ def test_a_one_device_chip_gives_engines_one_timeline_and_trainers_another():
     assert shared.shared_rollout_device is not shared.shared_train_device
     shared.shared_train_device.enqueue(10.0)  # a trainer's long call does not hold up an engine's
     assert shared.shared_rollout_device.enqueue(1.0) - shared.shared_train_device.clock() < 2.0
+    register_chip(dataclasses.replace(ROUND, name="measured-contended", source="measured by this test",
+                                      one_device=True, engine_slowdown_beside_training=3.0,
+                                      training_slowdown_beside_engines=1.5))
+    try:
+        contended = emulation("measured-contended")
+    finally:
+        CHIPS.pop("measured-contended", None)
+    contended.shared_train_device.enqueue(10.0)  # ... but slows it by the chip's measured factor
+    assert 2.9 < contended.shared_rollout_device.enqueue(1.0) - contended.shared_train_device.clock() < 3.0
     spec = emulation("v5p")
     assert spec.shared_rollout_device is None and spec.shared_train_device is None

@@ -222,3 +222,24 @@ def test_engines_on_one_device_queue_their_work_one_after_another():
     prefill, step = model.prefill_s(1, 4), model.decode_step_s(1, 4)
     assert ready == pytest.approx([prefill + step, 2 * (prefill + step)], rel=1e-12)  # nothing ran side by side
     assert shared.device_s == pytest.approx(2 * (prefill + step), rel=1e-12) and shared.calls == 4
+
+
+def test_two_timelines_on_one_piece_of_silicon_slow_each_other_while_both_have_work():
+    """`DeviceQueue.contend_with`: an engine call is slowed for the stretch a training call overlaps it; a
+    training call that starts while engines decode is slowed whole, one that starts while they are idle is not."""
+    clock = FakeClock()
+    engines, training = DeviceQueue(TimeScale(1.0), clock), DeviceQueue(TimeScale(1.0), clock)
+    engines.contend_with(training, slowdown=2.0, beside_calls_are_short=False)
+    training.contend_with(engines, slowdown=1.5, beside_calls_are_short=True)
+    assert training.enqueue(1.0) == pytest.approx(1.0)  # engines idle: full speed
+    assert engines.enqueue(0.2) == pytest.approx(0.4)  # wholly beside training (until 1.0): twice as long
+    # From 0.4: 0.6 s at half speed does 0.3 s of its work, the other 0.2 s runs alone after 1.0.
+    assert engines.enqueue(0.5) == pytest.approx(1.2)
+    clock.now = 1.1  # the training queue is free at 1.0; engines are busy until 1.2
+    assert training.enqueue(1.0) == pytest.approx(1.1 + 1.5)
+    clock.now = 5.0  # both idle
+    assert training.enqueue(1.0) == pytest.approx(6.0)
+    assert engines.enqueue(1.0) == pytest.approx(6.5)  # half its work beside training (until 6.0), half alone
+    assert training.device_s == pytest.approx(3.0) and engines.device_s == pytest.approx(1.7)  # device time as charged
+    with pytest.raises(ValueError, match=r"^slowdown=0.5 must be >= 1"):
+        engines.contend_with(training, slowdown=0.5, beside_calls_are_short=False)

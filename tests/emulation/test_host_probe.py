@@ -3,6 +3,8 @@ is one device (a run's fake XLA devices share the same cores)."""
 
 import math
 
+import pytest
+
 from flexmarl_jax.emulation.host_probe import HOST_CHIP, probe_host
 
 
@@ -14,3 +16,19 @@ def test_the_host_probe_measures_a_cpu():
     # a CPU core or two: between a MFLOP/s and a PFLOP/s, a call of microseconds to milliseconds
     assert 1e6 < chip.peak_bf16_flops < 1e15 and 1e6 < chip.hbm_bytes_per_s < 1e13
     assert 1e-7 < chip.call_overhead_s < 5e-2
+
+
+@pytest.mark.timeout(300)  # a thread keeps one side busy while the other is timed
+def test_the_program_probe_measures_a_real_engine_and_trainer_and_how_they_slow_each_other():
+    """`probe_programs` on the smoke config: per-call costs of a CPU's order, an MFU in (0, 1], and both
+    contention factors above 1 (engine and trainer share this host's two cores; unclipped ratios)."""
+    from flexmarl_jax.config import RunConfig, apply_overrides
+    from flexmarl_jax.configs import tiny
+    from flexmarl_jax.emulation.host_probe import probe_programs
+
+    config = RunConfig.from_config(apply_overrides(tiny.get_config("smoke"), {"workdir": "/unused"}))
+    costs = probe_programs(config, probe_host(matmul_rows=256, bandwidth_bytes=8 << 20), train_calls=3)
+    assert 1e-5 < costs.decode_step_s < 1.0 and 1e-4 < costs.train_micro_batch_s < 10.0
+    assert 0 <= costs.decode_call_overhead_s <= costs.decode_step_s  # the overhead is a part of a call
+    assert 0 < costs.train_mfu <= 1
+    assert 1.0 < costs.engine_slowdown_beside_training < 20 and 1.0 < costs.training_slowdown_beside_engines < 20
