@@ -4,13 +4,19 @@ the parameters of one process x 8 devices. Each file of the workdir has one writ
 
 Overrides (both runs): `pipeline.deterministic=True`, `rollout.instances_per_agent=2` (one instance of every
 agent on each process), `mesh.train_slices=1` with `mesh.train_devices_per_agent=2` (the one training slice:
-a device of each process), `store.backend=file`, `eval.enabled=False`.
+a device of each process), `store.backend=file`, `eval.enabled=False`, and as the task a JSONL file of prompts
+whose answers are one digit (`workflow.task=<tmp>/digits.jsonl`, the numeric verifier).
 
-What the equality covers: the smoke warm-up's 2 supervised steps of every agent on the spanning slice, the
-Orbax checkpoints both processes write, each agent's state offloaded to host as local shards and put back, and
-the weight syncs from the slice to both processes' engines. The tiny models earn no reward in 2 iterations, so the
-RL updates are zero here (in both runs); with a 40-step warm-up that earns rewards, the 2-process run aborted in
-gloo with a collective mismatch during the warm-up (open: see docs/architecture.md, "Several hosts")."""
+What the equality covers: the smoke warm-up's 2 supervised steps of every agent on the spanning slice, both RL
+iterations (rollouts sampled on both processes' engines, the rewards, the store, the micro-batches and the
+updates on the spanning slice), the Orbax checkpoints both processes write, each agent's state offloaded to
+host as local shards and put back, and the weight syncs from the slice to both processes' engines. Why the digit
+task: on the smoke config's own task (reverse) the tiny models earn no reward in 2 iterations, so every
+advantage, and so every RL update, is zero; a sampled first number is a right digit often enough that the
+solver's and verifier's groups differ in reward, and both iterations update both (checked below). The corrector
+runs only when the verifier rejects an answer, which the tiny verifier never does here, so it shares only the
+warm-up. (With `workflow.options.corrector_runs=always` the final answer is the corrector's, never right here,
+and the verifier's reward is then zero too.)"""
 
 import json
 import os
@@ -44,13 +50,17 @@ def runs(tmp_path_factory):
     ledgers = [root / f"writes{index}.txt" for index in range(2)]
     child = str(processes.REPO / "tests" / "distributed" / "train_child.py")
     workdirs = []  # one per try; the last one ran to its end
+    task = root / "digits.jsonl"
+    task.write_text("".join(json.dumps({"prompt": f"n{index}", "answer": str(index % 3 + 1)}) + "\n"
+                            for index in range(24)))
+    overrides = [*OVERRIDES, f"--config.workflow.task={task}"]
 
     def start(attempt: int):  # a fresh workdir and ledgers for each try (processes.ended_in_gloo_abort)
         for ledger in ledgers:
             ledger.unlink(missing_ok=True)
         port = processes.free_port()
         workdirs.append(root / f"run{attempt}")
-        return processes.start(lambda index: [child, str(ledgers[index]), UMASKS[index], "train", *OVERRIDES,
+        return processes.start(lambda index: [child, str(ledgers[index]), UMASKS[index], "train", *overrides,
                                               f"--workdir=file://{workdirs[-1]}", *distributed_flags(port, index)],
                                2, devices_per_process=4)
 
@@ -59,7 +69,7 @@ def runs(tmp_path_factory):
     for index, (code, _, err) in enumerate(results):
         assert code == 0, f"process {index}: {err[-4000:]}"
     reference = root / "reference"
-    assert main(["train", *OVERRIDES, f"--workdir=file://{reference}"]) == 0  # this process: 1 x 8 devices
+    assert main(["train", *overrides, f"--workdir=file://{reference}"]) == 0  # this process: 1 x 8 devices
     return workdir, reference, ledgers
 
 
@@ -79,6 +89,20 @@ def test_two_processes_end_with_the_parameters_of_one(runs):
     records = [json.loads(line) for line in (workdir / "metrics.jsonl").read_text().splitlines()]
     assert [record["iteration"] for record in records] == [0, 1]  # one writer: each record once
     assert all(record["agent"]["solver"]["micro_batches"] == 2 for record in records)
+
+
+@pytest.mark.timeout(900)
+def test_the_equality_covers_rl_updates(runs):
+    """Both iterations update the solver and the verifier (the corrector gets no work: see the module
+    docstring): nonzero gradients, and iteration 1's update moves every parameter leaf by more than the
+    equality's tolerance (so equal parameters mean equal RL)."""
+    workdir, _, _ = runs
+    records = [json.loads(line) for line in (workdir / "metrics.jsonl").read_text().splitlines()]
+    for agent in ("solver", "verifier"):
+        assert all(record["agent"][agent]["grad_norm"] > 0 for record in records), agent
+        before, after = _policy(workdir, agent, 1), _policy(workdir, agent, 2)
+        for a, b in zip(before, after, strict=True):
+            assert not np.allclose(a, b, rtol=1e-4, atol=1e-6 * float(np.max(np.abs(b)))), agent
 
 
 def _creator(path: Path) -> int:
