@@ -90,11 +90,14 @@ class ProgramCosts:
     decode_step_s: that request's seconds per engine call.
     train_mfu: a real training micro-batch's FLOPs over (its measured seconds x the chip's achieved FLOP/s):
       the share of the probe's matmul rate a whole forward + backward reaches.
-    engine_slowdown_beside_training: that request's median seconds while a thread trains micro-batches back to
-      back on another XLA device, over its median seconds alone: what a run's training takes from its rollout
-      loop when both share this host's cores (`Chip.engine_slowdown_beside_training`).
-    training_slowdown_beside_engines: a micro-batch's median seconds while a thread makes such requests back to
-      back, over its median seconds alone.
+    engine_slowdown_beside_training: the median seconds of such a request on each of the run's engines at once
+      (one thread each, every engine on its own XLA device) while a thread trains micro-batches back to back on
+      another device, over their median seconds alone: what a run's training takes from its rollout loops when
+      they share this host's cores (`Chip.engine_slowdown_beside_training`). All the run's engines, not one:
+      one engine's loop leaves a core free for training, the run's several do not (measured on the default
+      workload: 1 engine slowed 1.5x and training 1.5x; 3 engines 1.4x and training 2.4-2.7x).
+    training_slowdown_beside_engines: a micro-batch's median seconds while the engines make such requests back
+      to back, over its median seconds alone.
     """
 
     decode_call_overhead_s: float
@@ -107,7 +110,8 @@ class ProgramCosts:
 
 def probe_programs(config: Any, chip: Chip, *, train_calls: int = 10) -> ProgramCosts:
     """Times the first agent's real engine calls (in the rollout loop) and training micro-batch at `config`'s
-    sizes: the engine on XLA device 0, the trainer on the last device."""
+    sizes, and how much each slows the other: the run's number of engines (agents x instances per agent, at
+    most all devices but one) on XLA devices 0, 1, ..., the trainer on the last device."""
     import jax
 
     from flexmarl_jax.bench._roofline import train_step_flops
@@ -128,22 +132,49 @@ def probe_programs(config: Any, chip: Chip, *, train_calls: int = 10) -> Program
     agent = team_agents(config.workflow)[0]
     source = resolve_model(config.agents[agent].model)
     model = source.model_config
-    graphdef, params = functional.init_params(model, seed=0)
     engine_config = engine_config_for(config, agent)
-    engine = FlexEngine(model, graphdef, engine_config, source.tokenizer, params=params)
-    instance = EngineInstance(engine, params, name="calibration-probe")
+    devices = jax.devices()
+    # As many engines as the run has (one per device, as its layout places them), the trainer on the last device.
+    engine_count = max(1, min(len(team_agents(config.workflow)) * config.rollout.instances_per_agent,
+                              len(devices) - 1))
+    instances = []
+    for index in range(engine_count):
+        graphdef, params = functional.init_params(model, seed=index)
+        params = jax.device_put(params, devices[index])
+        engine = FlexEngine(model, graphdef, engine_config, source.tokenizer, params=params,
+                            mesh=make_mesh(devices[index:index + 1], fsdp=1))
+        instances.append(EngineInstance(engine, params, name=f"calibration-probe{index}"))
     slots, prompt = engine_config.max_concurrent_decodes, config.rollout.max_prompt_length // 2
     steps = config.rollout.max_response_length
 
-    def request_seconds(samples: int) -> float:
-        """Wall seconds of one request of `samples` samples of `steps` tokens through the real rollout loop."""
+    def run_request(instance: EngineInstance, samples: int) -> None:
+        """One request of `samples` samples of `steps` tokens through `instance`'s real rollout loop."""
         instance.submit(RolloutRequest(prompt_ids=tuple(range(3, 3 + prompt)), num_samples=samples,
                                        sampling=SlotSampling(temperature=1.0), max_new_tokens=steps,
                                        ignore_eos=True))
-        started = time.perf_counter()
         instance.run_until_idle()
+
+    def request_seconds(samples: int) -> float:
+        """Wall seconds of one such request on the first engine alone."""
+        started = time.perf_counter()
+        run_request(instances[0], samples)
         return time.perf_counter() - started
 
+    def all_engines_seconds() -> float:
+        """Wall seconds of one request of every slot on each engine at once (a thread each), as a rollout
+        keeps every agent's engines decoding."""
+        threads = [threading.Thread(target=run_request, args=(instance, slots), name=instance.name)
+                   for instance in instances]
+        started = time.perf_counter()
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join()
+        return time.perf_counter() - started
+
+    for instance in instances[1:]:
+        run_request(instance, 1)  # compiles on its device
+        run_request(instance, slots)
     request_seconds(1)  # compiles the prefill, insert and decode programs
     request_seconds(slots)
     best = min(request_seconds(slots) for _ in range(_REPEATS))
@@ -174,30 +205,33 @@ def probe_programs(config: Any, chip: Chip, *, train_calls: int = 10) -> Program
     flops = train_step_flops(model, rows, prompt + response)
     mfu = min(1.0, flops / (best_train * chip.peak_bf16_flops))
 
-    engine_slowdown = _slowdown(lambda: request_seconds(slots), beside=micro_batch_seconds)
-    training_slowdown = _slowdown(micro_batch_seconds, beside=lambda: request_seconds(slots))
+    engine_slowdown = _slowdown(all_engines_seconds, beside=micro_batch_seconds)
+    training_slowdown = _slowdown(micro_batch_seconds, beside=all_engines_seconds)
     trainer.discard_accumulated()
     return ProgramCosts(decode_call_overhead_s=decode_overhead, train_mfu=mfu, decode_step_s=best / (steps + 1),
                         train_micro_batch_s=best_train, engine_slowdown_beside_training=engine_slowdown,
                         training_slowdown_beside_engines=training_slowdown)
 
 
-def _slowdown(timed: Callable[[], float], *, beside: Callable[[], Any], repeats: int = 3 * _REPEATS) -> float:
+def _slowdown(timed: Callable[[], float], *, beside: Callable[[], Any], repeats: int = 20, rounds: int = 2) -> float:
     """The median seconds of `timed` while another thread calls `beside` back to back, over its median seconds
     alone (at least 1). Medians, not minima: contention is what is measured, and the least disturbed call
-    would hide it."""
-    alone = statistics.median(timed() for _ in range(repeats))
-    stop = threading.Event()
+    would hide it. `rounds` alternations of `repeats` calls alone and `repeats` beside, so that the host's
+    speed drifting during the probe weighs on both sides alike."""
+    alone, beside_of = [], []
+    for _ in range(rounds):
+        alone += [timed() for _ in range(repeats)]
+        stop = threading.Event()
 
-    def keep_busy() -> None:
-        while not stop.is_set():
-            beside()
+        def keep_busy(stop: threading.Event = stop) -> None:
+            while not stop.is_set():
+                beside()
 
-    thread = threading.Thread(target=keep_busy, name="calibration-contention", daemon=True)
-    thread.start()
-    try:
-        beside_of = statistics.median(timed() for _ in range(repeats))
-    finally:
-        stop.set()
-        thread.join()
-    return max(1.0, beside_of / alone)
+        thread = threading.Thread(target=keep_busy, name="calibration-contention", daemon=True)
+        thread.start()
+        try:
+            beside_of += [timed() for _ in range(repeats)]
+        finally:
+            stop.set()
+            thread.join()
+    return max(1.0, statistics.median(beside_of) / statistics.median(alone))
