@@ -17,9 +17,9 @@ step per engine call (as the real engine), weight sync over the host's memory. T
 (`host_probe.probe_host`): achieved matmul FLOP/s, memory bandwidth, and as its per-call overhead what a real
 engine call of the tiny model costs beyond its roofline when a real rollout loop makes it; training at the MFU
 a real micro-batch reaches against that FLOP/s; and how much slower engine calls and training calls run while the
-other has work, both sharing the two cores (`host_probe.probe_programs`). The probes run one engine
-instance and one trainer alone (no workflow, no store, no pipeline, no other agent): what the calibration
-checks is whether the emulated run composes them as the real one does.
+other has work, both sharing the two cores (`host_probe.probe_programs`). The probes run bare engine
+instances and one trainer (no workflow, no store, no pipeline): what the calibration checks is whether the
+emulated run composes them as the real one does.
 """
 
 from __future__ import annotations
