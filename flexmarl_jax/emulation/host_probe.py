@@ -31,7 +31,6 @@ from flexmarl_jax.emulation.chips import Chip
 
 HOST_CHIP = "host"
 _REPEATS = 5
-_TYPICAL_REPEATS = 21  # calls whose median is a program's typical cost (probe_programs)
 
 
 def _best_seconds_per_call(function, argument, calls: int) -> float:
@@ -82,15 +81,15 @@ class ProgramCosts:
     """What this host's real programs of a run's model cost beyond the roofline of `chip`.
 
     decode_call_overhead_s: what one engine call costs beyond its roofline when the real rollout loop makes it:
-      the median of 21 requests of every slot through a real `EngineInstance` over a `FlexEngine` (one
-      prefill, then one decode step per token), less the calls' roofline times, per call. Measured in the loop
-      rather than on a bare `generate`, because on this host the loop's own work per call (reading each step's
-      tokens back, sampling bookkeeping, inserting the prefix into the slots) runs on the same two cores as the
-      programs, so it adds to each call instead of hiding behind it as it would behind an accelerator; a tiny
-      model's call is dominated by this and by the program's many small ops, not by FLOPs or bytes.
+      a request of every slot through a real `EngineInstance` over a `FlexEngine` (one prefill, then one decode
+      step per token), less the calls' roofline times, per call. Measured in the loop rather than on a bare
+      `generate`, because on this host the loop's own work per call (reading each step's tokens back, sampling
+      bookkeeping, inserting the prefix into the slots) runs on the same two cores as the programs, so it adds
+      to each call instead of hiding behind it as it would behind an accelerator; a tiny model's call is
+      dominated by this and by the program's many small ops, not by FLOPs or bytes.
     decode_step_s: that request's seconds per engine call.
-    train_mfu: a real training micro-batch's FLOPs over (its median seconds of 21 x the chip's achieved
-      FLOP/s): the share of the probe's matmul rate a whole forward + backward reaches.
+    train_mfu: a real training micro-batch's FLOPs over (its measured seconds x the chip's achieved FLOP/s):
+      the share of the probe's matmul rate a whole forward + backward reaches.
     engine_slowdown_beside_training: the median seconds of such a request on each of the run's engines at once
       (one thread each, every engine on its own XLA device) while a thread trains micro-batches back to back on
       another device, over their median seconds alone: what a run's training takes from its rollout loops when
@@ -110,7 +109,7 @@ class ProgramCosts:
     training_slowdown_beside_engines: float = 1.0
 
 
-def probe_programs(config: Any, chip: Chip, *, train_calls: int = 21) -> ProgramCosts:
+def probe_programs(config: Any, chip: Chip, *, train_calls: int = 10) -> ProgramCosts:
     """Times the first agent's real engine calls (in the rollout loop) and training micro-batch at `config`'s
     sizes, and how much each slows the other: the run's number of engines (agents x instances per agent, at
     most all devices but one) on XLA devices 0, 1, ..., the trainer on the last device."""
@@ -179,15 +178,15 @@ def probe_programs(config: Any, chip: Chip, *, train_calls: int = 21) -> Program
         run_request(instance, slots)
     request_seconds(1)  # compiles the prefill, insert and decode programs
     request_seconds(slots)
-    # The median request, not the fastest: the calibration compares the median iteration of a real run with
-    # the emulated one, so its calls should cost what a typical call costs (the fastest of 5 made the overhead
-    # vary 0.84-1.30 ms between bench runs, and every mode's prediction with it).
-    typical = statistics.median(request_seconds(slots) for _ in range(_TYPICAL_REPEATS))
+    # The fastest request, as for the micro-batch below. Medians of 21 calls were tried: they predicted every
+    # mode 13-48% high in four calibration runs (an isolated call's typical cost is above a call's inside the
+    # run), where the fastest call's predictions were 4-34% off, low and high, in three.
+    best = min(request_seconds(slots) for _ in range(_REPEATS))
     # One prefill call and `steps` decode calls, each costing its roofline plus the overhead o on this host:
-    # typical = prefill roofline + steps x decode roofline + (steps + 1) x o.
+    # best = prefill roofline + steps x decode roofline + (steps + 1) x o.
     roofline = CostModel(model, dataclasses.replace(chip, call_overhead_s=0.0))
     rooflines = roofline.prefill_s(1, prompt) + sum(roofline.decode_step_s(slots, prompt + k) for k in range(steps))
-    decode_overhead = max(0.0, (typical - rooflines) / (steps + 1))
+    decode_overhead = max(0.0, (best - rooflines) / (steps + 1))
 
     trainer_config = agent_trainer_config(config, agent)
     # On a device of its own, as a run's trainers are on other fake devices than its engines (same cores).
@@ -206,15 +205,15 @@ def probe_programs(config: Any, chip: Chip, *, train_calls: int = 21) -> Program
         return time.perf_counter() - started
 
     micro_batch_seconds()  # compiles
-    typical_train = statistics.median(micro_batch_seconds() for _ in range(train_calls))  # as the request's
+    best_train = min(micro_batch_seconds() for _ in range(train_calls))
     flops = train_step_flops(model, rows, prompt + response)
-    mfu = min(1.0, flops / (typical_train * chip.peak_bf16_flops))
+    mfu = min(1.0, flops / (best_train * chip.peak_bf16_flops))
 
     engine_slowdown = _slowdown(all_engines_seconds, beside=micro_batch_seconds)
     training_slowdown = _slowdown(micro_batch_seconds, beside=all_engines_seconds)
     trainer.discard_accumulated()
-    return ProgramCosts(decode_call_overhead_s=decode_overhead, train_mfu=mfu, decode_step_s=typical / (steps + 1),
-                        train_micro_batch_s=typical_train, engine_slowdown_beside_training=engine_slowdown,
+    return ProgramCosts(decode_call_overhead_s=decode_overhead, train_mfu=mfu, decode_step_s=best / (steps + 1),
+                        train_micro_batch_s=best_train, engine_slowdown_beside_training=engine_slowdown,
                         training_slowdown_beside_engines=training_slowdown)
 
 
