@@ -155,10 +155,10 @@ def probe_programs(config: Any, chip: Chip, *, train_calls: int = 10) -> Program
                                        ignore_eos=True))
         instance.run_until_idle()
 
-    def request_seconds(samples: int) -> float:
-        """Wall seconds of one such request on the first engine alone."""
+    def request_seconds() -> float:
+        """Wall seconds of one request of every slot on the first engine alone."""
         started = time.perf_counter()
-        run_request(instances[0], samples)
+        run_request(instances[0], slots)
         return time.perf_counter() - started
 
     def all_engines_seconds() -> float:
@@ -173,15 +173,13 @@ def probe_programs(config: Any, chip: Chip, *, train_calls: int = 10) -> Program
             thread.join()
         return time.perf_counter() - started
 
-    for instance in instances[1:]:
-        run_request(instance, 1)  # compiles on its device
+    for instance in instances:  # compiles the prefill, insert and decode programs on each engine's device
+        run_request(instance, 1)
         run_request(instance, slots)
-    request_seconds(1)  # compiles the prefill, insert and decode programs
-    request_seconds(slots)
     # The fastest request, as for the micro-batch below. Medians of 21 calls were tried: they predicted every
     # mode 13-48% high in four calibration runs (an isolated call's typical cost is above a call's inside the
     # run), where the fastest call's predictions were 4-34% off, low and high, in three.
-    best = min(request_seconds(slots) for _ in range(_REPEATS))
+    best = min(request_seconds() for _ in range(_REPEATS))
     # One prefill call and `steps` decode calls, each costing its roofline plus the overhead o on this host:
     # best = prefill roofline + steps x decode roofline + (steps + 1) x o.
     roofline = CostModel(model, dataclasses.replace(chip, call_overhead_s=0.0))
@@ -190,7 +188,7 @@ def probe_programs(config: Any, chip: Chip, *, train_calls: int = 10) -> Program
 
     trainer_config = agent_trainer_config(config, agent)
     # On a device of its own, as a run's trainers are on other fake devices than its engines (same cores).
-    trainer = AgentTrainer(agent, model, trainer_config, mesh=make_mesh(jax.devices()[-1:], fsdp=1))
+    trainer = AgentTrainer(agent, model, trainer_config, mesh=make_mesh(devices[-1:], fsdp=1))
     rows, response = config.train.micro_batch_size, config.rollout.max_response_length
     batch = build_micro_batch(
         agent=agent, prompt_ids=[[3] * prompt] * rows, response_ids=[[4] * response] * rows,

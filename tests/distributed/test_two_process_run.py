@@ -73,6 +73,15 @@ def runs(tmp_path_factory):
     return workdir, reference, ledgers
 
 
+def _tolerance(reference: np.ndarray) -> dict[str, float]:
+    """The equality's tolerance against `reference`: 1e-4 relative, and an absolute floor for entries near 0."""
+    return {"rtol": 1e-4, "atol": 1e-6 * float(np.max(np.abs(reference)))}
+
+
+def _metrics(workdir: Path) -> list[dict]:
+    return [json.loads(line) for line in (workdir / "metrics.jsonl").read_text().splitlines()]
+
+
 def _policy(workdir: Path, agent: str, version: int) -> list[np.ndarray]:
     policy = restore_policy(workdir / "checkpoints" / agent, version)
     return [np.asarray(leaf) for leaf in jax.tree.leaves(policy.params)]
@@ -85,8 +94,8 @@ def test_two_processes_end_with_the_parameters_of_one(runs):
         ours, theirs = _policy(workdir, agent, 2), _policy(reference, agent, 2)
         assert len(ours) == len(theirs) > 0
         for a, b in zip(ours, theirs, strict=True):
-            np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-6 * float(np.max(np.abs(b))), err_msg=agent)
-    records = [json.loads(line) for line in (workdir / "metrics.jsonl").read_text().splitlines()]
+            np.testing.assert_allclose(a, b, **_tolerance(b), err_msg=agent)
+    records = _metrics(workdir)
     assert [record["iteration"] for record in records] == [0, 1]  # one writer: each record once
     assert all(record["agent"]["solver"]["micro_batches"] == 2 for record in records)
 
@@ -97,12 +106,12 @@ def test_the_equality_covers_rl_updates(runs):
     docstring): nonzero gradients, and iteration 1's update moves every parameter leaf by more than the
     equality's tolerance (so equal parameters mean equal RL)."""
     workdir, _, _ = runs
-    records = [json.loads(line) for line in (workdir / "metrics.jsonl").read_text().splitlines()]
+    records = _metrics(workdir)
     for agent in ("solver", "verifier"):
         assert all(record["agent"][agent]["grad_norm"] > 0 for record in records), agent
         before, after = _policy(workdir, agent, 1), _policy(workdir, agent, 2)
         for a, b in zip(before, after, strict=True):
-            assert not np.allclose(a, b, rtol=1e-4, atol=1e-6 * float(np.max(np.abs(b)))), agent
+            assert not np.allclose(a, b, **_tolerance(b)), agent
 
 
 def _creator(path: Path) -> int:
