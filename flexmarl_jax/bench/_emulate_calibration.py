@@ -4,20 +4,24 @@ emulated devices reproduce what the real control plane over real engines and tra
 disagreement says where the model is wrong, and by how much.
 
 Per mode (serial, sync, flexmarl): configs/tiny.py as `flexmarl train` runs it, without the supervised
-warm-up (not part of an iteration) and without per-iteration checkpoints (not part of the paper's E2E); E2E
-is the median of the *steady* iterations among `ITERATIONS` timed ones after `UNTIMED` untimed ones. The real
-run compiles a program the first time it meets a shape (a training length bucket, a prefill batch size, met
-again in later iterations: measured, 1-18 s in iterations 3 and 6 of 7), seconds that no cost model of a step
-predicts. JAX reports every trace, lowering and backend compile (`jax.monitoring`, events under
+warm-up (not part of an iteration) and without per-iteration checkpoints (not part of the paper's E2E); a run's
+E2E is the median of the *steady* iterations among `ITERATIONS` timed ones after `UNTIMED` untimed ones. The
+real run compiles a program the first time it meets a shape (a training length bucket, a prefill batch size,
+met again in later iterations: measured, 1-18 s in iterations 3 and 6 of 7), seconds that no cost model of a
+step predicts. JAX reports every trace, lowering and backend compile (`jax.monitoring`, events under
 `/jax/core/compile/`); an iteration is steady when they took under `STEADY_COMPILE_SHARE` of it. With fewer than
-`MIN_STEADY` steady iterations the median of all is used and the JSON says so. Each iteration's seconds and
-compile seconds are in the JSON beside the statistic, both runs alike.
-The emulated run: the same config with `pipeline.emulate = "host:tiny"`, real time (compression 1), one decode
-step per engine call (as the real engine), weight sync over the host's memory. The host chip
-(`host_probe.probe_host`): achieved matmul FLOP/s, memory bandwidth, and as its per-call overhead what a real
-engine call of the tiny model costs beyond its roofline when a real rollout loop makes it; training at the MFU
-a real micro-batch reaches against that FLOP/s; and how much slower engine calls and training calls run while the
-other has work, both sharing the two cores (`host_probe.probe_programs`). The probes run bare engine
+`MIN_STEADY` steady iterations the median of all is used and the JSON says so.
+This host's speed drifts between windows of a few seconds (the probe's engine request measured 0.8-1.4 ms per
+call between runs, a mode's real E2E 0.64-0.98 s between rounds of one run), so the calibration makes
+`REPEATS` rounds of a probe followed by a real run of each mode: the measured E2E is the median of the rounds',
+and the chip is the probes' medians (`median_probe`). Each round's E2E and every iteration's seconds and
+compile seconds are in the JSON.
+The emulated run, once per mode: the same config with `pipeline.emulate = "host:tiny"`, real time
+(compression 1), one decode step per engine call (as the real engine), weight sync over the host's memory. The
+host chip (`host_probe.probe_host`): achieved matmul FLOP/s, memory bandwidth, and as its per-call overhead
+what a real engine call of the tiny model costs beyond its roofline when a real rollout loop makes it;
+training at the MFU a real micro-batch reaches against that FLOP/s; and how the two cores are split between
+engine calls and training calls while both have work (`host_probe.probe_programs`). The probes run bare engine
 instances and one trainer (no workflow, no store, no pipeline): what the calibration checks is whether the
 emulated run composes them as the real one does.
 """
@@ -35,9 +39,10 @@ logger = logging.getLogger(__name__)
 
 MODES = ("serial", "sync", "flexmarl")
 UNTIMED = 2  # the first iterations compile most of the real run's programs
-ITERATIONS = 7  # timed; the statistic is the median of the steady ones
+ITERATIONS = 10  # timed; the statistic is the median of the steady ones
 STEADY_COMPILE_SHARE = 0.05  # an iteration whose compiles took less than this share of it is steady
 MIN_STEADY = 3
+REPEATS = 5  # rounds of a probe and a real run of each mode; the statistics are their medians
 _COMPILE_EVENTS = "/jax/core/compile/"
 _compile_seconds = [0.0]  # summed by the listener below (registered once per process)
 _listening = [False]
@@ -104,16 +109,45 @@ def iteration_seconds(config) -> tuple[list[float], list[float]]:
         built.store.close()
 
 
-def calibrate(*, seed: int, root: str) -> tuple[dict[str, dict[str, float]], dict[str, Any]]:
-    """({mode: {measured_e2e_s, predicted_e2e_s, relative_error}}, the host chip and program costs as measured)."""
+def median_probe(probes: list[tuple[Any, Any]]) -> tuple[Any, Any]:
+    """The (chip, program costs) of several probes as one: each figure's median, except that training's MFU is
+    re-derived so that a micro-batch costs its median seconds at the median FLOP/s (an MFU pairs with the
+    FLOP/s of its own probe)."""
+    chips, programs = [chip for chip, _ in probes], [costs for _, costs in probes]
+
+    def median_of(items: list[Any], name: str) -> float:
+        return statistics.median(getattr(item, name) for item in items)
+
+    chip = dataclasses.replace(chips[0], **{name: median_of(chips, name) for name in (
+        "peak_bf16_flops", "hbm_bytes_per_s", "interconnect_bytes_per_s", "call_overhead_s")})
+    costs = dataclasses.replace(programs[0], **{field.name: median_of(programs, field.name)
+                                                for field in dataclasses.fields(programs[0])})
+    achieved = statistics.median(c.train_mfu * p.peak_bf16_flops for c, p in zip(programs, chips, strict=True))
+    return chip, dataclasses.replace(costs, train_mfu=min(1.0, achieved / chip.peak_bf16_flops))
+
+
+def calibrate(*, seed: int, root: str) -> tuple[dict[str, dict[str, Any]], dict[str, Any]]:
+    """({mode: {measured_e2e_s, predicted_e2e_s, relative_error, ...}}, the host chip and program costs as
+    measured). `REPEATS` rounds of a probe then a real run of each mode, back to back, so that the host's speed
+    drifting (the probe's engine request ranged 0.8-1.4 ms between runs, a mode's real E2E 0.30-0.47 s) weighs
+    on both sides alike; the measured E2E is the median of the rounds' and the chip the probes' medians
+    (`median_probe`). The emulated runs follow, once per mode (their E2E is the cost model's, nearly constant)."""
     from flexmarl_jax.mesh.host_devices import fake_cpu_devices
 
     fake_cpu_devices(8)  # the tiny config's devices, before JAX starts (a no-op if it has)
     from flexmarl_jax.emulation.chips import register_chip
     from flexmarl_jax.emulation.host_probe import HOST_CHIP, probe_host, probe_programs
 
-    measured_chip = probe_host()
-    programs = probe_programs(tiny_config("sync", seed=seed, workdir=os.path.join(root, "probe")), measured_chip)
+    probes, real = [], {mode: [] for mode in MODES}
+    for repeat in range(REPEATS):
+        measured_chip = probe_host()
+        probes.append((measured_chip, probe_programs(
+            tiny_config("sync", seed=seed, workdir=os.path.join(root, f"probe-{repeat}")), measured_chip)))
+        logger.info("probe %d: %s", repeat, probes[-1])
+        for mode in MODES:
+            real[mode].append(iteration_seconds(tiny_config(
+                mode, seed=seed, workdir=os.path.join(root, f"real-{mode}-{repeat}"))))
+    measured_chip, programs = median_probe(probes)
     chip = register_chip(dataclasses.replace(
         measured_chip, call_overhead_s=programs.decode_call_overhead_s,
         engine_slowdown_beside_training=programs.engine_slowdown_beside_training,
@@ -121,18 +155,20 @@ def calibrate(*, seed: int, root: str) -> tuple[dict[str, dict[str, float]], dic
     logger.info("host chip: %s; programs: %s", chip, programs)
     result = {}
     for mode in MODES:
-        real, real_compiles = iteration_seconds(tiny_config(mode, seed=seed,
-                                                            workdir=os.path.join(root, f"real-{mode}")))
         emulated, emulated_compiles = iteration_seconds(tiny_config(
             mode, seed=seed, workdir=os.path.join(root, f"emulated-{mode}"), emulate=f"{HOST_CHIP}:tiny",
             mfu=programs.train_mfu))
-        (measured, real_steady), (predicted, emulated_steady) = (steady_median(real, real_compiles),
-                                                                 steady_median(emulated, emulated_compiles))
+        rounds = [steady_median(seconds, compiles) for seconds, compiles in real[mode]]
+        measured = statistics.median(e2e for e2e, _ in rounds)
+        predicted, emulated_steady = steady_median(emulated, emulated_compiles)
         result[mode] = {"measured_e2e_s": measured, "predicted_e2e_s": predicted,
                         "relative_error": abs(predicted - measured) / measured,
-                        "measured_iterations_s": real, "measured_compile_s": real_compiles,
-                        "measured_steady_iterations": real_steady,
+                        "measured_rounds_e2e_s": [e2e for e2e, _ in rounds],
+                        "measured_iterations_s": [seconds for seconds, _ in real[mode]],
+                        "measured_compile_s": [compiles for _, compiles in real[mode]],
+                        "measured_steady_iterations": [steady for _, steady in rounds],
                         "predicted_iterations_s": emulated, "predicted_compile_s": emulated_compiles,
                         "predicted_steady_iterations": emulated_steady}
         logger.info("calibration %s: %s", mode, result[mode])
-    return result, {"chip": dataclasses.asdict(chip), "programs": dataclasses.asdict(programs)}
+    return result, {"chip": dataclasses.asdict(chip), "programs": dataclasses.asdict(programs),
+                    "probes": [{"chip": dataclasses.asdict(c), "programs": dataclasses.asdict(p)} for c, p in probes]}

@@ -81,9 +81,11 @@ class DeviceQueue:
     over the device's compressed busy time; `TimeScale.overhead_within_bound`'s 10% applies to it.
     """
 
-    def __init__(self, timescale: TimeScale, clock: Callable[[], float] = time.perf_counter):
+    def __init__(self, timescale: TimeScale, clock: Callable[[], float] = time.perf_counter,
+                 sleep: Callable[[float], None] = time.sleep):
         self.timescale = timescale
         self.clock = clock
+        self._sleep = sleep  # waits on `clock` (tests pass a fake clock and a sleep that advances it)
         self._free_at = clock()
         self._lock = threading.Lock()
         self.device_s = 0.0  # device seconds enqueued so far (uncompressed)
@@ -92,6 +94,7 @@ class DeviceQueue:
         self._beside: DeviceQueue | None = None  # the timeline this one shares its silicon with (contend_with)
         self._slowdown = 1.0
         self._beside_calls_are_short = False
+        self._working: set[int] = set()  # ids of the engines on this queue that have live sequences (set_working)
 
     def contend_with(self, beside: DeviceQueue, *, slowdown: float, beside_calls_are_short: bool) -> None:
         """Makes this timeline's work run `slowdown` times slower while `beside` has work: two timelines on one
@@ -101,7 +104,9 @@ class DeviceQueue:
         engine), its queue already says until when it is busy, and only that stretch of the call is slowed.
         When they are short (engine steps, seen from a training call), the queue knows only the current step;
         engines that are decoding when the call starts are taken to go on decoding through the whole call (a
-        rollout issues its steps back to back), and engines that are idle then, to stay idle.
+        rollout issues its steps back to back), and engines that are idle then, to stay idle. An engine is
+        decoding while it has live sequences (`set_working`), not only while its step is on the device: between
+        two steps its rollout loop's host work runs on the same cores a host chip's training does.
         """
         if not slowdown >= 1.0:
             raise ValueError(f"slowdown={slowdown!r} must be >= 1")
@@ -112,13 +117,30 @@ class DeviceQueue:
         """The wall-clock time the work enqueued so far ends (in the past when the device is idle)."""
         return self._free_at
 
-    def _contended_wall_s(self, start: float, wall_s: float) -> float:
-        """`wall_s` of work starting at `start`, stretched where it overlaps the work of the timeline beside."""
+    def set_working(self, owner: object, working: bool) -> None:
+        """Records whether `owner` (an engine on this queue) has live sequences, so more steps to come."""
+        with self._lock:
+            if working:
+                self._working.add(id(owner))
+            else:
+                self._working.discard(id(owner))
+
+    @property
+    def working(self) -> bool:
+        """Whether any engine on this queue has live sequences."""
+        return bool(self._working)
+
+    def _contended_wall_s(self, now: float, start: float, wall_s: float) -> float:
+        """`wall_s` of work enqueued at `now` to start at `start`, stretched where it overlaps the work of the
+        timeline beside."""
         if self._beside is None or self._slowdown == 1.0:
             return wall_s
         beside_until = self._beside.busy_until
         if self._beside_calls_are_short:
-            return wall_s * self._slowdown if beside_until > start else wall_s
+            # Live sequences say the engines go on decoding from now on; for a call queued behind others, that
+            # is not known at its start, so it is slowed only if engine steps are queued beyond its start.
+            decoding = beside_until > start or (self._beside.working and start <= now)
+            return wall_s * self._slowdown if decoding else wall_s
         overlap = max(0.0, beside_until - start)  # wall seconds at the slow rate
         if wall_s * self._slowdown <= overlap:
             return wall_s * self._slowdown
@@ -128,14 +150,30 @@ class DeviceQueue:
         """Schedules `device_s` device seconds; returns the wall-clock time the work is done. With
         `follows_work`, an idle gap before it counts as host stall."""
         with self._lock:
-            now = self.clock()
-            if follows_work and now > self._free_at:
-                self.host_stall_s += now - self._free_at
-            start = max(now, self._free_at)
-            self._free_at = start + self._contended_wall_s(start, self.timescale.wall_s(device_s))
-            self.device_s += device_s
-            self.calls += 1
-            return self._free_at
+            return self._enqueue_locked(self.clock(), device_s, follows_work)
+
+    def _enqueue_locked(self, now: float, device_s: float, follows_work: bool) -> float:
+        if follows_work and now > self._free_at:
+            self.host_stall_s += now - self._free_at
+        start = max(now, self._free_at)
+        self._free_at = start + self._contended_wall_s(now, start, self.timescale.wall_s(device_s))
+        self.device_s += device_s
+        self.calls += 1
+        return self._free_at
+
+    def run(self, device_s: float) -> None:
+        """Runs `device_s` device seconds as a call the host waits for (a training step, a weight sync): it is
+        put on the timeline only once the work ahead of it is done, so it starts as it is enqueued and the
+        timeline beside is judged at its real start (`contend_with`), then the host waits until it ends."""
+        while True:
+            with self._lock:
+                now = self.clock()
+                if now >= self._free_at:
+                    ready_at = self._enqueue_locked(now, device_s, follows_work=False)
+                    break
+                free_at = self._free_at
+            self.wait_until(free_at)
+        self.wait_until(ready_at)
 
     @property
     def host_stall_share(self) -> float:
@@ -147,7 +185,7 @@ class DeviceQueue:
         """Blocks the host until `ready_at` (the moment a result it reads comes back)."""
         remaining = ready_at - self.clock()
         if remaining > 0:
-            time.sleep(remaining)
+            self._sleep(remaining)
 
 
 @struct.dataclass
@@ -245,6 +283,7 @@ class EmulatedEngine(EngineShapeFromConfig, engine_api.Engine):
             state.sample_index[slot] = sample_index
             state.target[slot] = self.script.tokens_for(seed, sample_index)
             state.live[slot] = True
+        self.device.set_working(self, bool(state.live.any()))
         return state
 
     def generate(self, params: Any, decode_state: EmulatedDecodeState) -> tuple[EmulatedDecodeState, EmulatedResult]:
@@ -273,6 +312,7 @@ class EmulatedEngine(EngineShapeFromConfig, engine_api.Engine):
         state.live &= ~finished
         self._finished_last_call = bool(finished.any())
         self._decoding = bool(state.live.any())
+        self.device.set_working(self, self._decoding)
         lengths = np.minimum(state.generated, np.maximum(state.target, 1)).astype(np.int32)[:, None]
         logprobs = np.full(tokens.shape, SCRIPTED_LOGPROB, np.float32).view(np.int32)
         data = np.concatenate([tokens, emitted.astype(np.int32), lengths, logprobs], axis=-1)

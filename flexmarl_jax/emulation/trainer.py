@@ -91,7 +91,7 @@ class EmulatedTrainer:
 
     # ----------------------------------------------------------------------------------- the calls
     def _run(self, kind: str, rows: int, length: int, device_s: float) -> None:
-        self.device.wait_until(self.device.enqueue(device_s))
+        self.device.run(device_s)
         self.charges.append(Charge(kind, rows, length, device_s))
 
     def accumulate(self, batch: Any) -> None:

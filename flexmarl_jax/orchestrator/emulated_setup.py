@@ -148,6 +148,6 @@ class EmulatedWeightSync:
     def __call__(self, agent: str, params: Any, version: int) -> None:
         queue = (self.emulation.shared_train_device
                  or self._queues.setdefault(agent, DeviceQueue(self.emulation.timescale)))
-        queue.wait_until(queue.enqueue(self.emulation.weight_sync_s()))
+        queue.run(self.emulation.weight_sync_s())
         self.synced[agent] = int(version)
         self.push(agent, params, version)

@@ -121,3 +121,31 @@ def test_the_calibration_statistic_leaves_out_iterations_that_compiled():
     assert steady_median(seconds, compiles) == (0.55, 5)
     # Fewer than three steady iterations: the median of all, and the count says so.
     assert steady_median([1.0, 9.0, 2.0], [0.0, 8.0, 1.5]) == (2.0, 1)
+
+
+def test_the_calibration_takes_each_probe_figure_as_the_median_of_its_rounds():
+    import dataclasses
+
+    from flexmarl_jax.bench._emulate_calibration import median_probe
+    from flexmarl_jax.emulation.chips import Chip
+    from flexmarl_jax.emulation.host_probe import ProgramCosts
+
+    def probe(flops: float, overhead: float, mfu: float, engine: float) -> tuple[Chip, ProgramCosts]:
+        chip = Chip(name="host", title="t", peak_bf16_flops=flops, hbm_bytes_per_s=2 * flops, hbm_bytes=1.0,
+                    interconnect="host", interconnect_bytes_per_s=3 * flops, source="s", call_overhead_s=overhead,
+                    one_device=True)
+        return chip, ProgramCosts(decode_call_overhead_s=overhead, train_mfu=mfu, decode_step_s=2 * overhead,
+                                  train_micro_batch_s=0.02, engine_slowdown_beside_training=engine,
+                                  training_slowdown_beside_engines=2 * engine)
+
+    # achieved training FLOP/s (mfu x flops): 40, 15, 18 -> 18; at the median 100 FLOP/s, an MFU of 0.18 (the
+    # MFUs' own median, 0.3, would pair with another probe's FLOP/s)
+    chip, costs = median_probe([probe(100.0, 1e-3, 0.4, 1.5), probe(150.0, 3e-3, 0.1, 1.2),
+                                probe(60.0, 2e-3, 0.3, 1.3)])
+    assert (chip.peak_bf16_flops, chip.hbm_bytes_per_s, chip.interconnect_bytes_per_s) == (100.0, 200.0, 300.0)
+    assert chip.call_overhead_s == 2e-3 and chip.one_device
+    assert costs.decode_call_overhead_s == 2e-3 and costs.decode_step_s == 4e-3
+    assert (costs.engine_slowdown_beside_training, costs.training_slowdown_beside_engines) == (1.3, 2.6)
+    assert costs.train_mfu == pytest.approx(0.18)
+    one = probe(100.0, 1e-3, 0.5, 1.5)
+    assert median_probe([one]) == (one[0], dataclasses.replace(one[1], train_mfu=pytest.approx(0.5)))

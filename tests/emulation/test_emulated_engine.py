@@ -29,6 +29,9 @@ class FakeClock:
     def __call__(self) -> float:
         return self.now
 
+    def sleep(self, seconds: float) -> None:
+        self.now += seconds
+
 
 def test_device_queue_runs_work_back_to_back_and_compresses_it():
     clock = FakeClock()
@@ -243,3 +246,47 @@ def test_two_timelines_on_one_piece_of_silicon_slow_each_other_while_both_have_w
     assert training.device_s == pytest.approx(3.0) and engines.device_s == pytest.approx(1.7)  # device time as charged
     with pytest.raises(ValueError, match=r"^slowdown=0.5 must be >= 1"):
         engines.contend_with(training, slowdown=0.5, beside_calls_are_short=False)
+
+
+def test_a_training_call_beside_engines_with_live_sequences_is_slowed_only_if_it_starts_while_they_decode():
+    """Engines with live sequences count as decoding between their steps (`DeviceQueue.set_working`: their loops'
+    host work shares the cores); a call queued behind another is judged by the steps queued beyond its start."""
+    clock = FakeClock()
+    engines, training = DeviceQueue(TimeScale(1.0), clock), DeviceQueue(TimeScale(1.0), clock)
+    training.contend_with(engines, slowdown=2.0, beside_calls_are_short=True)
+    engine = object()
+    engines.set_working(engine, True)
+    assert engines.working and engines.busy_until == 0.0  # live sequences, no step on the device
+    assert training.enqueue(1.0) == pytest.approx(2.0)  # starts now, while they decode: twice as long
+    assert training.enqueue(1.0) == pytest.approx(3.0)  # starts at 2.0, not now: no step queued that far
+    engines.set_working(engine, False)
+    clock.now = 3.0
+    assert not engines.working and training.enqueue(1.0) == pytest.approx(4.0)
+
+
+def test_a_call_the_host_waits_for_starts_only_once_the_work_ahead_is_done():
+    """`DeviceQueue.run`: the call is put on the timeline when it is free, so whether engines decode is judged at
+    its real start; the host returns when it ends."""
+    clock = FakeClock()
+    engines = DeviceQueue(TimeScale(1.0), clock, sleep=clock.sleep)
+    training = DeviceQueue(TimeScale(1.0), clock, sleep=clock.sleep)
+    training.contend_with(engines, slowdown=2.0, beside_calls_are_short=True)
+    engine = object()
+    training.enqueue(1.0)  # engines idle: 0.0 -> 1.0
+    engines.set_working(engine, True)
+    clock.now = 0.5
+    sleeps = []
+    engines_stop = clock.sleep
+
+    def sleep_then_stop(seconds: float) -> None:  # the engines end their sequences while the host waits
+        sleeps.append(seconds)
+        engines.set_working(engine, False)
+        engines_stop(seconds)
+
+    training._sleep = sleep_then_stop
+    training.run(1.0)
+    assert sleeps == [pytest.approx(0.5), pytest.approx(1.0)]  # waited for 1.0, then for its own second
+    assert clock.now == pytest.approx(2.0) and training.calls == 2  # started at 1.0 at full speed
+    engines.set_working(engine, True)
+    training.run(1.0)  # starts now, while they decode
+    assert clock.now == pytest.approx(4.0) and training.device_s == pytest.approx(3.0)

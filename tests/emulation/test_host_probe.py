@@ -5,7 +5,7 @@ import math
 
 import pytest
 
-from flexmarl_jax.emulation.host_probe import HOST_CHIP, probe_host
+from flexmarl_jax.emulation.host_probe import HOST_CHIP, probe_host, work_conserving
 
 
 def test_the_host_probe_measures_a_cpu():
@@ -31,4 +31,17 @@ def test_the_program_probe_measures_a_real_engine_and_trainer_and_how_they_slow_
     assert 1e-5 < costs.decode_step_s < 1.0 and 1e-4 < costs.train_micro_batch_s < 10.0
     assert 0 <= costs.decode_call_overhead_s <= costs.decode_step_s  # the overhead is a part of a call
     assert 0 < costs.train_mfu <= 1
-    assert 1.0 < costs.engine_slowdown_beside_training < 20 and 1.0 < costs.training_slowdown_beside_engines < 20
+    assert 1.0 < costs.measured_engine_slowdown < 20 and 1.0 < costs.measured_training_slowdown < 20
+    # the chip's factors: the measured split of the cores, conserving their work
+    engine, training = costs.engine_slowdown_beside_training, costs.training_slowdown_beside_engines
+    assert 1 / engine + 1 / training <= 1 + 1e-9
+    assert engine / training == pytest.approx(costs.measured_engine_slowdown / costs.measured_training_slowdown)
+
+
+def test_two_sides_sharing_the_cores_get_no_more_done_than_either_alone():
+    # rates 1/1.2 + 1/2.5 = 1.2333: both factors scaled by it, so the rates sum to one
+    engine, training = work_conserving(1.2, 2.5)
+    assert (engine, training) == pytest.approx((1.48, 3.0833333), rel=1e-6)
+    assert 1 / engine + 1 / training == pytest.approx(1.0)
+    assert work_conserving(2.0, 3.0) == (2.0, 3.0)  # rates 0.83: already below the host's throughput
+    assert work_conserving(2.0, 2.0) == (2.0, 2.0)  # exactly one
