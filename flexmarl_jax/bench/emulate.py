@@ -19,7 +19,9 @@ The headline figures of a preset, fractions as in the paper (1.03 = +103%):
 
 First, unless `--no-calibration`: the default tiny workload run on this CPU for real against the same config
 emulated on this host's measured chip (`_emulate_calibration.py`); `calibration` -> {mode: {measured_e2e_s,
-predicted_e2e_s, relative_error}} for serial, sync and flexmarl, `calibration_host_chip` the chip as measured.
+predicted_e2e_s, relative_error, measured_rounds_e2e_s, ...}} for serial, sync and flexmarl (medians of
+`_emulate_calibration.REPEATS` rounds), `calibration_host_chip` the chip as measured (the rounds' probes and
+their medians).
 """
 
 from __future__ import annotations
