@@ -128,10 +128,8 @@ def median_probe(probes: list[tuple[Any, Any]]) -> tuple[Any, Any]:
 
 def calibrate(*, seed: int, root: str) -> tuple[dict[str, dict[str, Any]], dict[str, Any]]:
     """({mode: {measured_e2e_s, predicted_e2e_s, relative_error, ...}}, the host chip and program costs as
-    measured). `REPEATS` rounds of a probe then a real run of each mode, back to back, so that the host's speed
-    drifting (the probe's engine request ranged 0.8-1.4 ms between runs, a mode's real E2E 0.30-0.47 s) weighs
-    on both sides alike; the measured E2E is the median of the rounds' and the chip the probes' medians
-    (`median_probe`). The emulated runs follow, once per mode (their E2E is the cost model's, nearly constant)."""
+    measured): `REPEATS` rounds of a probe and a real run of each mode, then one emulated run of each mode on the
+    probes' median chip (the module docstring says why)."""
     from flexmarl_jax.mesh.host_devices import fake_cpu_devices
 
     fake_cpu_devices(8)  # the tiny config's devices, before JAX starts (a no-op if it has)
