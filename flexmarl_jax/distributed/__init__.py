@@ -6,8 +6,8 @@
   error within `distributed.init_timeout_s`;
 - `ordered_issue.py`: every computation on a mesh that spans processes is issued from one thread, in one order
   that every process computes alike;
-- `fence.py`: a barrier of the runtime after each such computation, so no process starts the next one's
-  collectives while another still finishes this one's;
+- `cpu_completion.py`: on CPU hosts, such a computation returns once every local device has done its part;
+- `barrier.py`: a barrier of the runtime's key-value service (behind a checkpoint's manifest);
 - `leader.py`: process 0 writes the run's files; `leader_value` gives every process its word.
 
 Pure Python at import (this package file): `runtime.py` imports JAX only inside `join_processes`.

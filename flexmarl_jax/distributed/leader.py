@@ -7,8 +7,14 @@ checkpoints are written through Orbax's multi-process API, which gives each proc
 
 from __future__ import annotations
 
+import itertools
+import threading
+
 import jax
-import numpy as np
+
+LEADER_TIMEOUT_S = 3600  # a peer that dies is reported by the runtime's heartbeat long before this
+_calls = itertools.count()
+_lock = threading.Lock()
 
 
 def is_leader() -> bool:
@@ -17,15 +23,17 @@ def is_leader() -> bool:
 
 
 def leader_value(value: int) -> int:
-    """Process 0's ``value`` on every process (``value`` itself with one process). A collective over every
-    device (`multihost_utils.broadcast_one_to_all`): call it from the main thread, where every process
-    reaches it in the same order."""
+    """Process 0's ``value`` on every process (``value`` itself with one process), through the distributed
+    runtime's key-value service: process 0 sets it, the others wait for it. No device computation: one over
+    every device would share gloo communicators with the training slice's (transfer/across_processes.py).
+    Every process must call it the same number of times, in the same order (the keys count the calls)."""
     if jax.process_count() == 1:
         return int(value)
-    from jax.experimental import multihost_utils
+    from jax._src.distributed import global_state  # the runtime's client; JAX has no public accessor
 
-    from flexmarl_jax.distributed.fence import fence
-
-    agreed = int(multihost_utils.broadcast_one_to_all(np.int64(value)))  # a collective over every device
-    fence()
-    return agreed
+    with _lock:
+        key = f"flexmarl-leader-{next(_calls)}"
+    if is_leader():
+        global_state.client.key_value_set(key, str(int(value)))
+        return int(value)
+    return int(global_state.client.blocking_key_value_get(key, LEADER_TIMEOUT_S * 1000))

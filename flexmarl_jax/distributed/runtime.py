@@ -76,7 +76,26 @@ def join_processes(settings: DistributedConfig) -> Processes:
             raise JoinFailed(f"process {settings.process_id if explicit else '?'} could not join the run through "
                              f"{where} within distributed.init_timeout_s={settings.init_timeout_s:g} s: "
                              f"{first_line}") from None
+        _orbax_barriers_on_key_value_service()
         logger.info("joined as process %d of %d (%d local devices, %d in all)", jax.process_index(),
                     jax.process_count(), jax.local_device_count(), jax.device_count())
     return Processes(jax.process_index(), jax.process_count(), jax.local_device_count(), jax.device_count())
 
+
+ORBAX_BARRIER_FLAG = "experimental_orbax_use_distributed_barrier"
+
+
+def _orbax_barriers_on_key_value_service() -> None:
+    """Has Orbax wait at its barriers through the runtime's key-value service instead of its default, a
+    computation over every device of every process (`multihost_utils.sync_global_devices`). Such a computation
+    shares gloo communicators with the training slice's, and can still be running on the slice's device when
+    the next training step starts there (transfer/across_processes.py says how that aborted runs).
+
+    The switch is an absl flag of Orbax's; our command line parses its own flags, not absl's global ones, so
+    the flag is set and marked present (absl reads an unparsed flag only if it is present)."""
+    import orbax.checkpoint  # noqa: F401 - defines the flag
+    from absl import flags
+
+    flag = flags.FLAGS[ORBAX_BARRIER_FLAG]
+    flag.value = True
+    flag.present = max(flag.present, 1)

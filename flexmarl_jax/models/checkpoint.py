@@ -32,6 +32,7 @@ from safetensors.numpy import save_file
 from flexmarl_jax.models.config import ModelConfig
 from flexmarl_jax.models.decoder import DecoderLM
 from flexmarl_jax.models.functional import abstract_model, param_shardings
+from flexmarl_jax.transfer import across_processes
 
 logger = logging.getLogger(__name__)
 
@@ -174,7 +175,8 @@ def from_pretrained(path: str | os.PathLike, *, mesh: Mesh | None = None, dtype=
             # one tensor in host memory at a time; astype copies, so nothing refers to the file later
             host = _from_hf(located[name].get_tensor(name), layout, variable.shape).astype(variable.dtype)
             sharding = flat_shardings[our_path].get_value() if shardings is not None else None
-            loaded.append((our_path, variable.replace(jax.device_put(host, sharding))))
+            placed = jax.device_put(host) if sharding is None else across_processes.put(host, sharding)
+            loaded.append((our_path, variable.replace(placed)))
             used.add(name)
 
         unexpected = sorted(

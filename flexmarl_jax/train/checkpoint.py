@@ -26,7 +26,7 @@ import orbax.checkpoint as ocp
 from flax import nnx
 
 from flexmarl_jax import faults
-from flexmarl_jax.distributed.fence import fence
+from flexmarl_jax.distributed.barrier import barrier
 from flexmarl_jax.models.config import ModelConfig
 from flexmarl_jax.models.functional import abstract_model
 from flexmarl_jax.train import checkpoint_integrity
@@ -106,7 +106,7 @@ def save_trainer(trainer: AgentTrainer, directory: str | os.PathLike, *, max_to_
     # reading the step before its manifest exists.
     if jax.process_index() == 0:
         checkpoint_integrity.write_manifest(step_directory(directory, step))
-    fence()  # nothing with one process
+    barrier()  # nothing with one process
     logger.info("saved agent %r policy_version %d to %s", trainer.agent, step, directory)
     return step
 

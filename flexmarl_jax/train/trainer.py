@@ -33,7 +33,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
-from flexmarl_jax.distributed.fence import fenced, mesh_spans_processes
+from flexmarl_jax.distributed.cpu_completion import completed, needs_completion
 from flexmarl_jax.mesh.meshes import make_mesh
 from flexmarl_jax.models import functional
 from flexmarl_jax.models.config import ModelConfig
@@ -42,6 +42,7 @@ from flexmarl_jax.models.sampling_distribution import is_plain_softmax, sampling
 from flexmarl_jax.train.batch import ARRAY_FIELDS, MicroBatch, length_buckets, validate_micro_batch
 from flexmarl_jax.train.losses import LOSSES, LossConfig, accumulate_metrics
 from flexmarl_jax.train.optim import OptimizerConfig, make_optimizer
+from flexmarl_jax.transfer import across_processes
 from flexmarl_jax.transfer.across_processes import to_host
 
 logger = logging.getLogger(__name__)
@@ -158,7 +159,7 @@ class _Steps:
         self.has_reference = config.loss.kl_coef > 0 and config.reference_in_step
 
         self.replicated = NamedSharding(mesh, PartitionSpec())
-        self.spans_processes = mesh_spans_processes(mesh)
+        self.waits_for_completion = needs_completion(mesh)  # a CPU mesh over several processes
         # Rows over "fsdp" (data parallel inside FSDP); replicate when the rows don't split evenly.
         fsdp = dict(mesh.shape).get("fsdp", 1)
         row_axis = "fsdp" if config.pass_rows % fsdp == 0 else None
@@ -285,11 +286,11 @@ class _Steps:
         if self.has_critic:
             self.values_step = jax.jit(self.critic_values, in_shardings=(trainable["critic"], self.batch),
                                        out_shardings=self.batch)
-        if self.spans_processes:  # each step's collectives end on every process before the next step's start
+        if self.waits_for_completion:  # each step ends on every local device first (distributed/cpu_completion.py)
             for name in ("copy_policy", "init_opt", "to_float32", "zeros_step", "accumulate_step", "apply_step",
                          "logprobs_step", "sampling_logprobs_step", "values_step"):
                 if hasattr(self, name):
-                    setattr(self, name, fenced(getattr(self, name)))
+                    setattr(self, name, completed(getattr(self, name)))
 
 
 def _with_token_means(metrics: dict[str, float]) -> dict[str, float]:
@@ -339,13 +340,13 @@ class AgentTrainer:
             graphdef, policy = initial
         self.graphdef = graphdef
         self._steps = steps = _steps_for(graphdef, model_config, config, self.mesh)
-        policy = jax.device_put(policy, steps.policy)
+        policy = across_processes.put(policy, steps.policy)
         trainable = {"policy": policy}
         if steps.has_critic:
             # The critic starts as a copy of the policy network with a zero value head (values 0).
             head = jax.tree.map(lambda s: jnp.zeros(s.shape, s.dtype), steps.abstract_value_head())
             trainable["critic"] = {"backbone": steps.copy_policy(policy),
-                                   "head": jax.device_put(head, steps.trainable["critic"]["head"])}
+                                   "head": across_processes.put(head, steps.trainable["critic"]["head"])}
         self._master = steps.to_float32(trainable) if config.fp32_master_weights else None
         trainable["policy"] = _cast_params(trainable["policy"], dtype)
         if steps.has_critic:
@@ -375,8 +376,8 @@ class AgentTrainer:
             return [self._place(batch)]
         validate_micro_batch(batch, agent=self.agent, batch_size=self.config.micro_batch_size,
                              max_len=self.config.max_len)
-        return [jax.device_put(batch.replace(agent="", **{name: getattr(batch, name)[start:start + rows]
-                                                          for name in ARRAY_FIELDS}), self._steps.batch)
+        return [across_processes.put(batch.replace(agent="", **{name: getattr(batch, name)[start:start + rows]
+                                                                for name in ARRAY_FIELDS}), self._steps.batch)
                 for start in range(0, self.config.micro_batch_size, rows)]
 
     def _place(self, batch: MicroBatch) -> MicroBatch:
@@ -384,7 +385,7 @@ class AgentTrainer:
                              max_len=self.config.max_len)
         # The step is traced once per trainer config; the agent name was checked above, so drop it from
         # the static metadata to share compiled steps between agents with equal configs.
-        return jax.device_put(batch.replace(agent=""), self._steps.batch)
+        return across_processes.put(batch.replace(agent=""), self._steps.batch)
 
     def activate(self) -> None:
         """Holds training devices before a micro-batch. A dedicated trainer keeps its mesh for the whole run,

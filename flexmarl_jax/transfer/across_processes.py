@@ -9,6 +9,16 @@ device is UNIMPLEMENTED, and `np.asarray` of such an array fails (no process hol
   in the same order as its other spanning computations (distributed/ordered_issue.py).
 - `LocalShards` / `rebuild`: a process's own shards copied to host memory and put back on the same sharding
   later (a suspended trainer's state); no process ever needs another's shards, so nothing crosses hosts.
+- `put`: `jax.device_put` without its hidden collective. Placing a host value (numpy, a scalar, an uncommitted
+  array) on a sharding that spans processes, `jax.device_put` first checks that the value is equal on every
+  process with `multihost_utils.assert_equal`: a computation over every device of every process. That
+  computation runs on each local device's own thread, and the call returns once one device's copy of the
+  result is read, so its collective on another device (the training slice's) can still be waiting when the
+  next computation on that slice issues its own. Both use the same gloo communicator (XLA keys them by device
+  set), and the two processes paired them up in different orders: the run aborted in gloo ("Received data
+  size doesn't match expected size"), about one 2-process run in seven (docs/architecture.md, "No computation
+  over every device"). `put` has each process fill its own devices' shards from its own copy instead
+  (`jax.make_array_from_callback`), which is what the deterministic mode's equal copies allow.
 
 For a move between hosts that do not share a mesh, the StateStore's storage tier (Orbax on the shared
 workdir) is the path; every process of the source mesh writes its shards there.
@@ -23,7 +33,7 @@ import jax
 import numpy as np
 from jax.sharding import NamedSharding, PartitionSpec, Sharding
 
-from flexmarl_jax.distributed.fence import fenced, mesh_spans_processes
+from flexmarl_jax.distributed.cpu_completion import completed, needs_completion
 
 
 def spans_processes(array) -> bool:
@@ -72,10 +82,11 @@ def local_shards(array: jax.Array) -> LocalShards:
 
 @functools.lru_cache(maxsize=64)
 def _identity(sharding: Sharding):
-    """A jitted identity onto ``sharding``; on a mesh that spans processes, fenced (distributed/fence.py)."""
+    """A jitted identity onto ``sharding``; on a CPU mesh over several processes, waited for
+    (distributed/cpu_completion.py)."""
     identity = jax.jit(lambda value: value, out_shardings=sharding)
     mesh = getattr(sharding, "mesh", None)
-    return fenced(identity) if mesh is not None and mesh_spans_processes(mesh) else identity
+    return completed(identity) if mesh is not None and needs_completion(mesh) else identity
 
 
 def rebuild(saved: LocalShards, target: Sharding) -> jax.Array:
@@ -86,6 +97,30 @@ def rebuild(saved: LocalShards, target: Sharding) -> jax.Array:
                          f"not {target}; move it between meshes through the storage tier (Orbax)")
     arrays = [jax.device_put(data, device) for device, data in saved.shards]
     return jax.make_array_from_single_device_arrays(saved.shape, saved.sharding, arrays)
+
+
+def put(tree, shardings):
+    """``tree`` placed on ``shardings`` (a sharding, or a pytree of them matching ``tree`` or a prefix of it),
+    as `jax.device_put` places it, but with no collective for host values bound for a sharding that spans
+    processes: each process builds its own shards from its copy (the module docstring says why). Every
+    process must hold the same value, as they do in the deterministic mode that multi-process runs require."""
+    if all(sharding.is_fully_addressable for sharding in jax.tree.leaves(shardings)):
+        return jax.device_put(tree, shardings)
+    return jax.tree.map(lambda sharding, subtree: jax.tree.map(lambda leaf: _put_leaf(leaf, sharding), subtree),
+                        shardings, tree)
+
+
+def _put_leaf(leaf, sharding: Sharding):
+    if sharding.is_fully_addressable or spans_processes(leaf):
+        return jax.device_put(leaf, sharding)  # no check of equal values: a local placement or a reshard
+    return from_host(leaf, sharding)
+
+
+def from_host(value, sharding: Sharding) -> jax.Array:
+    """``value`` (anything numpy can read) on ``sharding``, each of this process's devices given its shard
+    from this process's copy: no collective, whichever processes the sharding spans."""
+    host = np.asarray(value)
+    return jax.make_array_from_callback(host.shape, sharding, lambda index: host[index])
 
 
 def place_on(tree, shardings):

@@ -42,7 +42,7 @@ import numpy as np
 from etils import epath
 from jax.sharding import Mesh, NamedSharding, PartitionSpec, Sharding
 
-from flexmarl_jax.transfer import packing
+from flexmarl_jax.transfer import across_processes, packing
 from flexmarl_jax.transfer.across_processes import (
     LocalShards,
     local_shards,
@@ -315,11 +315,11 @@ class StateStore:
     def _host_to_device(self, entry: _Entry, shardings: list[Sharding]) -> list[jax.Array]:
         value = entry.host_value
         if isinstance(value, list) and any(isinstance(v, LocalShards) for v in value):
-            return [rebuild(v, s) if isinstance(v, LocalShards) else jax.device_put(v, s)
+            return [rebuild(v, s) if isinstance(v, LocalShards) else across_processes.put(v, s)
                     for v, s in zip(value, shardings, strict=True)]
         if not all(s.is_fully_addressable for s in shardings):  # onto a mesh over several processes: each
             arrays = value.to_arrays() if isinstance(value, packing.HostPacked) else value  # puts its shards
-            return [jax.device_put(a, s) for a, s in zip(arrays, shardings, strict=True)]
+            return [across_processes.put(a, s) for a, s in zip(arrays, shardings, strict=True)]
         if isinstance(value, packing.HostPacked) and self.packed:
             layout = packing.layout_for(entry.shapes, entry.dtypes, shardings)
             if layout is not None:

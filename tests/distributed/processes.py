@@ -47,23 +47,3 @@ def wait_all(processes: list[subprocess.Popen], timeout: float) -> list[tuple[in
             out, err = process.communicate()
         results.append((process.returncode, out, err))
     return results
-
-
-GLOO_ABORT_TRIES = 3  # runs of a multi-process run at most, while they end in the known gloo mismatch abort
-
-
-def ended_in_gloo_abort(results: list[tuple[int, str, str]]) -> bool:
-    """Whether a run (`wait_all`'s results) ended in the open gloo collective-mismatch abort (docs/architecture.md,
-    "A fence after every spanning computation"): XLA's CPU gloo collectives abort so about one 2-process run in
-    seven, even with every spanning computation fenced. Tests run such a run again on a fresh workdir, up to
-    `GLOO_ABORT_TRIES` times, so that this known abort does not hide what they check; any other failure counts."""
-    return any("gloo::EnforceNotMet" in err for _, _, err in results)
-
-
-def run_absorbing_gloo_aborts(start_attempt, timeout: float) -> list[tuple[int, str, str]]:
-    """`wait_all` of `start_attempt(attempt)`'s processes, started again while they end in the gloo abort."""
-    for attempt in range(GLOO_ABORT_TRIES):
-        results = wait_all(start_attempt(attempt), timeout=timeout)
-        if not ended_in_gloo_abort(results):
-            break
-    return results

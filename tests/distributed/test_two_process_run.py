@@ -29,7 +29,7 @@ import pytest
 
 from flexmarl_jax.cli.main import main
 from flexmarl_jax.train.checkpoint import restore_policy
-from tests.distributed import processes
+from tests.distributed import all_device_watch, processes
 
 AGENTS = ("solver", "verifier", "corrector")
 OVERRIDES = ["--config=configs/tiny.py:smoke", "--config.pipeline.deterministic=True",
@@ -49,28 +49,20 @@ def runs(tmp_path_factory):
     root = tmp_path_factory.mktemp("two_process")
     ledgers = [root / f"writes{index}.txt" for index in range(2)]
     child = str(processes.REPO / "tests" / "distributed" / "train_child.py")
-    workdirs = []  # one per try; the last one ran to its end
     task = root / "digits.jsonl"
     task.write_text("".join(json.dumps({"prompt": f"n{index}", "answer": str(index % 3 + 1)}) + "\n"
                             for index in range(24)))
     overrides = [*OVERRIDES, f"--config.workflow.task={task}"]
-
-    def start(attempt: int):  # a fresh workdir and ledgers for each try (processes.ended_in_gloo_abort)
-        for ledger in ledgers:
-            ledger.unlink(missing_ok=True)
-        port = processes.free_port()
-        workdirs.append(root / f"run{attempt}")
-        return processes.start(lambda index: [child, str(ledgers[index]), UMASKS[index], "train", *overrides,
-                                              f"--workdir=file://{workdirs[-1]}", *distributed_flags(port, index)],
-                               2, devices_per_process=4)
-
-    results = processes.run_absorbing_gloo_aborts(start, timeout=840)
-    workdir = workdirs[-1]
+    workdir = root / "run"
+    port = processes.free_port()
+    results = processes.wait_all(processes.start(
+        lambda index: [child, str(ledgers[index]), UMASKS[index], "train", *overrides, f"--workdir=file://{workdir}",
+                       *distributed_flags(port, index)], 2, devices_per_process=4), timeout=840)
     for index, (code, _, err) in enumerate(results):
         assert code == 0, f"process {index}: {err[-4000:]}"
     reference = root / "reference"
     assert main(["train", *overrides, f"--workdir=file://{reference}"]) == 0  # this process: 1 x 8 devices
-    return workdir, reference, ledgers
+    return workdir, reference, ledgers, [err for _, _, err in results]
 
 
 def _tolerance(reference: np.ndarray) -> dict[str, float]:
@@ -89,7 +81,7 @@ def _policy(workdir: Path, agent: str, version: int) -> list[np.ndarray]:
 
 @pytest.mark.timeout(900)
 def test_two_processes_end_with_the_parameters_of_one(runs):
-    workdir, reference, _ = runs
+    workdir, reference, _, _ = runs
     for agent in AGENTS:
         ours, theirs = _policy(workdir, agent, 2), _policy(reference, agent, 2)
         assert len(ours) == len(theirs) > 0
@@ -105,7 +97,7 @@ def test_the_equality_covers_rl_updates(runs):
     """Both iterations update the solver and the verifier (the corrector gets no work: see the module
     docstring): nonzero gradients, and iteration 1's update moves every parameter leaf by more than the
     equality's tolerance (so equal parameters mean equal RL)."""
-    workdir, _, _ = runs
+    workdir, _, _, _ = runs
     records = _metrics(workdir)
     for agent in ("solver", "verifier"):
         assert all(record["agent"][agent]["grad_norm"] > 0 for record in records), agent
@@ -121,7 +113,7 @@ def _creator(path: Path) -> int:
 
 @pytest.mark.timeout(900)
 def test_every_file_of_the_workdir_has_one_writer(runs):
-    workdir, _, ledgers = runs
+    workdir, _, ledgers, _ = runs
     written = [set(line for line in ledger.read_text().splitlines() if line.startswith(str(workdir) + os.sep))
                for ledger in ledgers]
     files = sorted(path for path in workdir.rglob("*") if path.is_file())
@@ -139,3 +131,15 @@ def test_every_file_of_the_workdir_has_one_writer(runs):
     for name in ("config.json", "metrics.jsonl", "timeline.json", "attempts.json", "plots/curves.png",
                  "store/manifest.ocdbt", "run.lock"):
         assert writers[name] == 0, name
+
+
+@pytest.mark.timeout(900)
+def test_no_computation_spans_every_device(runs):
+    """Neither process started a computation over every device (all_device_watch): the micro-batches, the
+    initial parameters and the state put back from host are placed shard by shard (`across_processes.put`),
+    and Orbax's barriers and `leader_value` go through the runtime's key-value service. One such computation
+    per placed micro-batch made about one 2-process run in seven abort in gloo (transfer/across_processes.py)."""
+    _, _, _, errs = runs
+    for index, err in enumerate(errs):
+        reported = [line for line in err.splitlines() if line.startswith(all_device_watch.MARK)]
+        assert reported == [], f"process {index}: {reported[:5]}"

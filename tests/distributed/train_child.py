@@ -3,7 +3,8 @@
 argv: LEDGER UMASK FLEXMARL_ARGS... Every file this process creates gets the mode bits its own umask leaves
 (so a file's creator shows in its mode, whatever library wrote it: TensorStore and Orbax write from C++), and
 every write Python makes (open for writing, rename, replace, remove) is appended to LEDGER through an audit
-hook (so a file that two processes rewrote or appended to would show both)."""
+hook (so a file that two processes rewrote or appended to would show both). All-device computations are
+reported on stderr (all_device_watch)."""
 
 import os
 import sys
@@ -27,6 +28,9 @@ def record(event, args):
 
 
 sys.addaudithook(record)
+from tests.distributed import all_device_watch  # noqa: E402
+
+all_device_watch.install()
 from flexmarl_jax.cli.main import main  # noqa: E402 - after the hook, so imports' writes count too
 
 sys.exit(main(argv))
