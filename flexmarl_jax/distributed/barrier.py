@@ -3,11 +3,12 @@ service (no device computation). A checkpoint's manifest is written behind one, 
 before its manifest exists (train/checkpoint.py).
 
 No barrier follows each spanning computation (on CPU hosts each is waited for on this process only:
-distributed/cpu_completion.py). One did until the cause of the gloo aborts it was meant to prevent was found: a computation over every device of every process sharing gloo communicators with
-the training slice's (transfer/across_processes.py). Without those computations, 4 of 4 runs of a 40-step
-warm-up with no barrier after each step finished (without the barrier and with them, 0 of 3 had); gloo pairs
-each collective's messages by their order on a connection, and every process issues the spanning computations
-in one order from one thread (docs/architecture.md, "Several hosts").
+distributed/cpu_completion.py). One did until the cause of the gloo aborts it was meant to prevent was found:
+a computation over every device of every process sharing gloo communicators with the training slice's
+(transfer/across_processes.py). Without those computations, 4 of 4 runs of a 40-step warm-up with no barrier
+after each step finished (without the barrier and with them, 0 of 3 had); gloo pairs each collective's
+messages by their order on a connection, and every process issues the spanning computations in one order from
+one thread (docs/architecture.md, "Several hosts").
 
 One process: no barrier, no cost.
 """
