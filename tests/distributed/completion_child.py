@@ -32,5 +32,6 @@ for iteration in range(iterations):
         wrong += int(not np.array_equal(np.asarray(doubled.addressable_data(0)), big * 2))
         wrong += int(not np.array_equal(np.asarray(incremented.addressable_data(0)), small + 1))
 wrong += sum(int(not np.array_equal(np.asarray(shard.data), big * 2)) for shard in doubled.addressable_shards)
+wrong += sum(int(not np.array_equal(np.asarray(shard.data), small + 1)) for shard in incremented.addressable_shards)
 print(json.dumps({"process": jax.process_index(), "local_devices": jax.local_device_count(),
                   "needs_completion": needs_completion(mesh), "iterations": iterations, "wrong": wrong}))

@@ -1,5 +1,6 @@
 """kill -9 of one of a run's two processes: the survivor exits non-zero within 60 s with a message naming the lost
-process, and rerunning both on the same workdir resumes and finishes, every iteration recorded once."""
+process, and rerunning both on the same workdir resumes and finishes, every iteration recorded once, with no
+computation over every device in the resume (all_device_watch)."""
 
 import json
 import signal
