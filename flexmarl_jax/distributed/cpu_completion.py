@@ -6,9 +6,9 @@ before every part has run; reading one shard waits for that shard's device only.
 `TF_CPP_VMODULE=collective_thunk=3`: a computation's collective on one local device was logged after the next
 computation's first collective on that device. Two computations on one device then post their collectives in
 an order that can differ between processes, and gloo pairs a collective's messages by their order on a
-connection: the run aborts ("Received data size doesn't match expected size"; docs/architecture.md, "No
-computation over every device", where all-device computations of JAX and Orbax did this). Waiting for the
-outputs, which every local device of the mesh holds a shard of, closes it for our own computations.
+connection: the run aborts ("Received data size doesn't match expected size"; all-device computations of JAX
+and Orbax did this: docs/architecture.md, "No all-device computations of JAX's or Orbax's own"). Waiting for
+the outputs, which every local device of the mesh holds a shard of, closes it for our own computations.
 
 TPU and GPU devices run a device's computations in order on its stream, so nothing waits there (a wait after
 every step would cost their asynchronous dispatch). One process: nothing waits either.

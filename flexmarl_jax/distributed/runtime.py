@@ -18,6 +18,7 @@ from flexmarl_jax.config.schema import DistributedConfig
 from flexmarl_jax.distributed.coordinator_probe import CoordinatorUnreachable, wait_for_coordinator
 
 logger = logging.getLogger(__name__)
+ORBAX_BARRIER_FLAG = "experimental_orbax_use_distributed_barrier"  # see use_orbax_key_value_barriers
 
 
 class JoinFailed(ConfigError):
@@ -60,7 +61,9 @@ def join_processes(settings: DistributedConfig) -> Processes:
         jax.config.update("jax_cpu_collectives_implementation", "gloo")
         # JAX's CPU client may run two independent computations at once; two spanning ones would then exchange
         # their collectives in either order, differently on each process (measured: a warm-up's two log-prob
-        # passes aborted gloo with "collective mismatch"). Synchronous dispatch runs them in issue order.
+        # passes aborted gloo with "collective mismatch"). Synchronous dispatch runs them in issue order, on the
+        # calling thread's device; a computation's parts on other local devices can still be running when the
+        # call returns, which distributed/cpu_completion.py waits for.
         jax.config.update("jax_cpu_enable_async_dispatch", False)
         explicit = settings.coordinator_address != ""
         try:
@@ -76,16 +79,13 @@ def join_processes(settings: DistributedConfig) -> Processes:
             raise JoinFailed(f"process {settings.process_id if explicit else '?'} could not join the run through "
                              f"{where} within distributed.init_timeout_s={settings.init_timeout_s:g} s: "
                              f"{first_line}") from None
-        _orbax_barriers_on_key_value_service()
+        use_orbax_key_value_barriers()
         logger.info("joined as process %d of %d (%d local devices, %d in all)", jax.process_index(),
                     jax.process_count(), jax.local_device_count(), jax.device_count())
     return Processes(jax.process_index(), jax.process_count(), jax.local_device_count(), jax.device_count())
 
 
-ORBAX_BARRIER_FLAG = "experimental_orbax_use_distributed_barrier"
-
-
-def _orbax_barriers_on_key_value_service() -> None:
+def use_orbax_key_value_barriers() -> None:
     """Has Orbax wait at its barriers through the runtime's key-value service instead of its default, a
     computation over every device of every process (`multihost_utils.sync_global_devices`). Such a computation
     shares gloo communicators with the training slice's, and can still be running on the slice's device when

@@ -16,9 +16,9 @@ device is UNIMPLEMENTED, and `np.asarray` of such an array fails (no process hol
   result is read, so its collective on another device (the training slice's) can still be waiting when the
   next computation on that slice issues its own. Both use the same gloo communicator (XLA keys them by device
   set), and the two processes paired them up in different orders: the run aborted in gloo ("Received data
-  size doesn't match expected size"), about one 2-process run in seven (docs/architecture.md, "No computation
-  over every device"). `put` has each process fill its own devices' shards from its own copy instead
-  (`jax.make_array_from_callback`), which is what the deterministic mode's equal copies allow.
+  size doesn't match expected size"), about one 2-process run in seven (docs/architecture.md, "No all-device
+  computations of JAX's or Orbax's own"). `put` has each process fill its own devices' shards from its own
+  copy instead (`jax.make_array_from_callback`), which is what the deterministic mode's equal copies allow.
 
 For a move between hosts that do not share a mesh, the StateStore's storage tier (Orbax on the shared
 workdir) is the path; every process of the source mesh writes its shards there.
@@ -68,7 +68,8 @@ def local_shards(array: jax.Array) -> LocalShards:
     """Host copies of this process's shards of ``array``.
 
     An array that `jax.device_put` placed from host onto a spanning mesh can hold per-process buffers that
-    JAX cannot split into shards (JAX 0.10.2: "input arrays must have one shard each"); such an array is
+    JAX cannot split into shards (JAX 0.10.2: "input arrays must have one shard each"). `put` makes no such
+    array, but values from elsewhere (a restore, a caller's own `device_put`) may be one; such an array is
     first re-laid by a jitted identity on its own sharding (a computation on the spanning mesh, so issued
     like the others, in order on every process)."""
     try:
@@ -100,27 +101,35 @@ def rebuild(saved: LocalShards, target: Sharding) -> jax.Array:
 
 
 def put(tree, shardings):
-    """``tree`` placed on ``shardings`` (a sharding, or a pytree of them matching ``tree`` or a prefix of it),
-    as `jax.device_put` places it, but with no collective for host values bound for a sharding that spans
-    processes: each process builds its own shards from its copy (the module docstring says why). Every
-    process must hold the same value, as they do in the deterministic mode that multi-process runs require."""
-    if all(sharding.is_fully_addressable for sharding in jax.tree.leaves(shardings)):
-        return jax.device_put(tree, shardings)
+    """``tree`` placed on ``shardings`` (a Sharding, or a pytree of Shardings matching ``tree`` or a prefix of
+    it; no None or Device leaves) like `jax.device_put`, but with no computation of JAX's own across processes:
+    - a host value (numpy, a scalar, an array on this process's devices) bound for a sharding that spans
+      processes is built by each process from its own copy (`from_host`). The copies are assumed equal, as the
+      deterministic mode that multi-process runs require makes them, and not checked: that check is the
+      all-device computation this avoids (the module docstring says why). Weak types are not kept;
+    - a spanning value bound for another spanning sharding is moved by our jitted identity, which is waited
+      for on CPU (`_identity`); one bound for this process's devices is gathered first (`replicate_to_local`);
+    - anything else goes through `jax.device_put`."""
     return jax.tree.map(lambda sharding, subtree: jax.tree.map(lambda leaf: _put_leaf(leaf, sharding), subtree),
                         shardings, tree)
 
 
 def _put_leaf(leaf, sharding: Sharding):
-    if sharding.is_fully_addressable or spans_processes(leaf):
-        return jax.device_put(leaf, sharding)  # no check of equal values: a local placement or a reshard
+    if spans_processes(leaf):
+        if leaf.sharding == sharding or leaf.sharding.is_equivalent_to(sharding, leaf.ndim):
+            return leaf
+        return replicate_to_local(leaf, sharding) if sharding.is_fully_addressable else _identity(sharding)(leaf)
+    if sharding.is_fully_addressable:
+        return jax.device_put(leaf, sharding)
     return from_host(leaf, sharding)
 
 
 def from_host(value, sharding: Sharding) -> jax.Array:
     """``value`` (anything numpy can read) on ``sharding``, each of this process's devices given its shard
-    from this process's copy: no collective, whichever processes the sharding spans."""
+    from this process's copy: no collective, whichever processes the sharding spans (the dtype is given, so
+    a process with no device in the sharding can build its part too)."""
     host = np.asarray(value)
-    return jax.make_array_from_callback(host.shape, sharding, lambda index: host[index])
+    return jax.make_array_from_callback(host.shape, sharding, lambda index: host[index], dtype=host.dtype)
 
 
 def place_on(tree, shardings):

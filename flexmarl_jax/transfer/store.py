@@ -47,7 +47,6 @@ from flexmarl_jax.transfer.across_processes import (
     LocalShards,
     local_shards,
     rebuild,
-    replicate_to_local,
     spans_processes,
 )
 
@@ -302,15 +301,7 @@ class StateStore:
     def _device_to_device(self, arrays: list[jax.Array], shardings: list[Sharding]) -> list[jax.Array]:
         if not any(spans_processes(a) for a in arrays):
             return packing.device_to_device(arrays, shardings, packed=self.packed)
-        moved = []
-        for array, sharding in zip(arrays, shardings, strict=True):
-            if array.sharding == sharding or array.sharding.is_equivalent_to(sharding, array.ndim):
-                moved.append(array)
-            elif spans_processes(array) and sharding.is_fully_addressable:
-                moved.append(replicate_to_local(array, sharding))
-            else:
-                moved.append(jax.device_put(array, sharding))
-        return moved
+        return [across_processes.put(array, sharding) for array, sharding in zip(arrays, shardings, strict=True)]
 
     def _host_to_device(self, entry: _Entry, shardings: list[Sharding]) -> list[jax.Array]:
         value = entry.host_value

@@ -13,7 +13,9 @@ WATCHED = ("assert_equal", "process_allgather", "broadcast_one_to_all", "sync_gl
 
 def install(set_attribute=setattr) -> None:
     """Wraps `multihost_utils`' all-device functions so that each call prints `MARK`, its name and its caller.
-    JAX and Orbax look them up on the module at each call, so the wrappers see their calls too."""
+    JAX (0.10.2: `dispatch._device_put_sharding_impl`) and Orbax look them up on the module at each call, so
+    the wrappers see their calls too; a version that imported them by name would slip past the watch, and
+    `test_all_device_watch.py` would still pass (it calls the module's attributes)."""
     from jax.experimental import multihost_utils
 
     for name in WATCHED:

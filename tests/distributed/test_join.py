@@ -6,9 +6,12 @@ import socket
 import time
 
 import pytest
+from absl import flags
+from orbax.checkpoint._src.multihost import multihost
 
 from flexmarl_jax.cli.main import main
 from flexmarl_jax.config import ConfigError, DistributedConfig, RunConfig, apply_overrides, load_config
+from flexmarl_jax.distributed import runtime
 from flexmarl_jax.distributed.coordinator_probe import CoordinatorUnreachable, wait_for_coordinator
 
 
@@ -104,3 +107,14 @@ def test_a_run_of_several_processes_needs_the_deterministic_replayed_rollout(ove
               "distributed.num_processes": "2", "distributed.process_id": "0", **overrides}
     with pytest.raises(ConfigError, match=message):
         RunConfig.from_config(apply_overrides(load_config("configs/tiny.py:smoke"), fields))
+
+
+def test_orbax_reads_its_barrier_switch_as_on_though_absl_never_parsed_its_flags(monkeypatch):
+    """A run of several processes turns Orbax's barriers onto the runtime's key-value service; if Orbax could not
+    read the switch (absl raises for an unparsed flag), it would fall back to a computation over every device."""
+    flag = flags.FLAGS[runtime.ORBAX_BARRIER_FLAG]
+    monkeypatch.setattr(flag, "value", flag.value)  # restored after the test
+    monkeypatch.setattr(flag, "present", flag.present)
+    assert not flags.FLAGS.is_parsed()
+    runtime.use_orbax_key_value_barriers()
+    assert multihost.EXPERIMENTAL_ORBAX_USE_DISTRIBUTED_BARRIER.value is True

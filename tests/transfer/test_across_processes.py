@@ -27,16 +27,19 @@ def test_from_host_gives_each_device_its_own_slice():
         np.testing.assert_array_equal(np.asarray(shard.data), host[shard.index])
 
 
-def test_put_places_a_tree_like_device_put_with_a_sharding_prefix():
-    tree = {"tokens": np.arange(16, dtype=np.int32).reshape(4, 4), "mask": np.ones((4, 4), np.float32),
-            "scalar": np.float32(3.0)}
-    shardings = {"tokens": NamedSharding(_mesh(), PartitionSpec("data")),
-                 "mask": NamedSharding(_mesh(), PartitionSpec(None, "model")),
-                 "scalar": NamedSharding(_mesh(), PartitionSpec())}
-    placed = across_processes.put(tree, shardings)
-    expected = jax.device_put(tree, shardings)
-    for key in tree:
-        assert placed[key].sharding == expected[key].sharding, key
-        np.testing.assert_array_equal(np.asarray(placed[key]), np.asarray(expected[key]))
-    one = NamedSharding(_mesh(), PartitionSpec())  # one sharding for the whole tree, as device_put allows
-    assert all(leaf.sharding == one for leaf in jax.tree.leaves(across_processes.put(tree, one)))
+def test_put_places_each_leaf_on_the_sharding_of_its_prefix():
+    tree = {"batch": {"tokens": np.arange(16, dtype=np.int32).reshape(4, 4), "mask": np.ones((4, 4), np.float32)},
+            "scale": np.float32(3.0), "row": np.arange(4, dtype=np.float32)}
+    rows = NamedSharding(_mesh(), PartitionSpec("data"))
+    whole = NamedSharding(_mesh(), PartitionSpec())
+    placed = across_processes.put(tree, {"batch": rows, "scale": whole, "row": rows})  # "batch": a prefix
+    assert jax.tree.structure(placed) == jax.tree.structure(tree)
+    for path, leaf in jax.tree.leaves_with_path(placed):
+        expected = whole if path[0].key == "scale" else rows
+        assert leaf.sharding == expected, path
+    for got, want in zip(jax.tree.leaves(placed), jax.tree.leaves(tree), strict=True):
+        np.testing.assert_array_equal(np.asarray(got), want)
+        assert got.dtype == want.dtype
+    assert placed["batch"]["tokens"].addressable_shards[0].data.shape == (2, 4)  # split over "data" (2)
+    everything = across_processes.put(tree, whole)  # one sharding for the whole tree, as device_put allows
+    assert all(leaf.sharding == whole for leaf in jax.tree.leaves(everything))
