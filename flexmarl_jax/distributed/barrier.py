@@ -15,14 +15,22 @@ One process: no barrier, no cost.
 
 from __future__ import annotations
 
+import collections
 import itertools
 import threading
 
 import jax
 
-BARRIER_TIMEOUT_S = 3600  # a peer that dies is reported by the runtime's heartbeat long before this
-_counter = itertools.count()
+KEY_VALUE_TIMEOUT_S = 3600  # a peer that dies is reported by the runtime's heartbeat long before this
+_counters: dict[str, itertools.count] = collections.defaultdict(itertools.count)  # one count per prefix
 _lock = threading.Lock()
+
+
+def next_key(prefix: str) -> str:
+    """A fresh name under ``prefix`` on the runtime's key-value service (barriers, `leader.leader_value`):
+    the calls with that prefix, counted, so every process that makes them in one order gets the same names."""
+    with _lock:
+        return f"{prefix}-{next(_counters[prefix])}"
 
 
 def barrier() -> None:
@@ -32,6 +40,4 @@ def barrier() -> None:
         return
     from orbax.checkpoint import multihost
 
-    with _lock:
-        name = f"flexmarl-barrier-{next(_counter)}"
-    multihost.get_barrier_sync_fn()(key=name, timeout_ms=BARRIER_TIMEOUT_S * 1000)
+    multihost.get_barrier_sync_fn()(key=next_key("flexmarl-barrier"), timeout_ms=KEY_VALUE_TIMEOUT_S * 1000)

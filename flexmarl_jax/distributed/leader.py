@@ -7,14 +7,9 @@ checkpoints are written through Orbax's multi-process API, which gives each proc
 
 from __future__ import annotations
 
-import itertools
-import threading
-
 import jax
 
-LEADER_TIMEOUT_S = 3600  # a peer that dies is reported by the runtime's heartbeat long before this
-_calls = itertools.count()
-_lock = threading.Lock()
+from flexmarl_jax.distributed.barrier import KEY_VALUE_TIMEOUT_S, next_key
 
 
 def is_leader() -> bool:
@@ -31,9 +26,8 @@ def leader_value(value: int) -> int:
         return int(value)
     from jax._src.distributed import global_state  # the runtime's client; JAX has no public accessor
 
-    with _lock:
-        key = f"flexmarl-leader-{next(_calls)}"
+    key = next_key("flexmarl-leader")
     if is_leader():
         global_state.client.key_value_set(key, str(int(value)))
         return int(value)
-    return int(global_state.client.blocking_key_value_get(key, LEADER_TIMEOUT_S * 1000))
+    return int(global_state.client.blocking_key_value_get(key, KEY_VALUE_TIMEOUT_S * 1000))

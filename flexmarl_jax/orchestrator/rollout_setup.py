@@ -33,7 +33,8 @@ from flexmarl_jax.rollout.protocols import RoutableInstance
 from flexmarl_jax.rollout.routed_backend import RoutedBackend
 from flexmarl_jax.rollout.router import RequestRouter
 from flexmarl_jax.rollout.settings import EngineConfig
-from flexmarl_jax.transfer.across_processes import place_on, spans_processes
+from flexmarl_jax.transfer import across_processes
+from flexmarl_jax.transfer.across_processes import spans_processes
 
 
 class TimedInstance(EngineInstance):
@@ -108,7 +109,7 @@ def start_engines(config: RunConfig, runtimes: Mapping[str, AgentRuntime], timel
 
     With several processes each builds the instances on its own devices only (every process holds instances of
     every agent: config rule), numbered as in the whole team; a training mesh that spans processes gives its
-    weights to them through `across_processes.place_on` (a collective, issued here in agent order).
+    weights to them through `across_processes.put` (a collective, issued here in agent order).
     """
     started: dict[str, AgentRuntime] = {}
     weights: dict[str, tuple[Any, int]] = {}
@@ -123,7 +124,7 @@ def start_engines(config: RunConfig, runtimes: Mapping[str, AgentRuntime], timel
                                f"its device groups: {devices.rollout_groups}")
         shardings = param_shardings(trainer.params, devices.rollout_mesh(local_groups[0]))
         spanning = any(spans_processes(leaf) for leaf in jax.tree.leaves(trainer.params))
-        params = place_on(trainer.params, shardings) if spanning else trainer.params
+        params = across_processes.put(trainer.params, shardings) if spanning else trainer.params
         instances = []
         for group in range(len(devices.rollout_groups)):
             if group in local_groups:

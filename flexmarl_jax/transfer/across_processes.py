@@ -132,14 +132,6 @@ def from_host(value, sharding: Sharding) -> jax.Array:
     return jax.make_array_from_callback(host.shape, sharding, lambda index: host[index], dtype=host.dtype)
 
 
-def place_on(tree, shardings):
-    """``tree`` placed on ``shardings`` (a pytree of this process's shardings like ``tree``): spanning leaves
-    through `replicate_to_local` (a collective: issue it in the same order on every process), others by
-    `jax.device_put`."""
-    return jax.tree.map(lambda leaf, sharding: replicate_to_local(leaf, sharding) if spans_processes(leaf)
-                        else jax.device_put(leaf, sharding), tree, shardings)
-
-
 def to_host(array) -> np.ndarray:
     """``array`` as numpy; a spanning one is gathered first (`replicate_to_local`'s collective)."""
     if spans_processes(array) and not array.is_fully_replicated:
