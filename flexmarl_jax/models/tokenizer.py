@@ -81,7 +81,8 @@ class HFTokenizer:
     end-of-text); `eos_id` is the first of them. Without ``tokenizer_config.json`` the BOS and PAD ids also
     come from those files. ``tokenizer_config.json`` decides whether a BOS is added: a model whose
     ``bos_token`` is null (Qwen) has ``bos_id = None`` and `encode` adds nothing, even when its
-    ``config.json`` names a ``bos_token_id``.
+    ``config.json`` names a ``bos_token_id``; so does one whose ``add_bos_token`` is false (SmolLM2 names
+    ``<|im_start|>`` as its ``bos_token`` but its chat template, not the tokenizer, writes it).
     """
 
     def __init__(self, path: str | os.PathLike):
@@ -114,7 +115,7 @@ class HFTokenizer:
             )
         self.eos_id = self.stop_ids[0]
         if tokenizer_config:
-            self.bos_id = named_ids.get("bos_token")
+            self.bos_id = None if tokenizer_config.get("add_bos_token") is False else named_ids.get("bos_token")
             pad = named_ids.get("pad_token")
         else:
             self.bos_id = next(iter(model_ids["bos"]), None)
