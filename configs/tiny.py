@@ -69,6 +69,9 @@ def base_config() -> ml_collections.ConfigDict:
     config.workflow.task_options.countdown.max_number = 9  # numbers are drawn from 1..max_number
     config.workflow.task_options.reverse = ml_collections.ConfigDict()
     config.workflow.task_options.reverse.max_length = 4  # longest string to reverse
+    config.workflow.task_options.word_problems = ml_collections.ConfigDict()
+    config.workflow.task_options.word_problems.steps = "1,2"  # GSM8K-format questions of 1, 2 or both step counts
+    config.workflow.task_options.word_problems.verifier = "math"  # math | numeric | exact
     config.workflow.task_options.jsonl = ml_collections.ConfigDict()
     config.workflow.task_options.jsonl.verifier = "numeric"  # exact (first line) | numeric (first number)
     # Per-agent reward shaping on top of the team reward; the keys are the workflow's shaping terms.

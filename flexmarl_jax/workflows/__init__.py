@@ -50,6 +50,7 @@ from flexmarl_jax.workflows.tasks import (
     build_task,
     resolve_task,
 )
+from flexmarl_jax.workflows.word_problems import WordProblemTask  # registers "word_problems"
 
 __all__ = [
     "ChatPrompt",
@@ -78,6 +79,7 @@ __all__ = [
     "ScriptedBackend",
     "ShapingTerm",
     "TASK_BUILDERS",
+    "WordProblemTask",
     "Task",
     "TrajectoryContext",
     "TrajectoryResult",
