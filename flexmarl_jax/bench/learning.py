@@ -253,13 +253,18 @@ def print_table(result: Mapping[str, Any]) -> None:
     for name, run in result["runs"].items():
         table.add_row(name, str(run["iterations"]), f"{run['seconds_per_iteration']:.2f}",
                       f"{run['curve'][0]['eval_team_accuracy']:.3f}", f"{run['eval_accuracy_at_budget']:.3f}",
-                      f"{run['eval_pass_at_k_at_budget']:.3f}", f"{run['setup_s']:.0f}",
+                      _maybe(run['eval_pass_at_k_at_budget']), f"{run['setup_s']:.0f}",
                       f"{run['first_iteration_s']:.0f}")
     console = Console(width=max(120, Console().width))
     console.print(table)
     for key in ("team_vs_solver_alone", "flexmarl_vs_sync_at_budget"):
         value = result[key]
         console.print(f"{key}: {'n/a' if value is None else f'{value:.2f}'}")
+
+
+def _maybe(value: float | None) -> str:
+    """A table cell for a figure an eval may not have (eval.samples=0 has no pass@k)."""
+    return "n/a" if value is None else f"{value:.3f}"
 
 
 def plot(result: Mapping[str, Any], path: str) -> str:

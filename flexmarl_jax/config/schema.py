@@ -207,7 +207,8 @@ class EvalConfig(Section):
     every: int = setting(20, rule=lambda every: None if every >= 1 else "must be >= 1 (iterations between evals)",
                          help="evaluate after every this many iterations (and at the start and the end)")
     problems: int = setting(200, rule=positive, help="distinct eval problems (fewer when the eval split has fewer)")
-    samples: int = setting(8, rule=positive, help="sampled trajectories per eval problem: the k of eval_pass_at_k")
+    samples: int = setting(8, rule=at_least_zero, help="sampled trajectories per eval problem: the k of "
+                           "eval_pass_at_k; 0 = greedy only (no eval_pass_at_k)")
     fraction: float = setting(0.2, rule=lambda share: None if 0 <= share < 1 else "must be in [0, 1)",
                               help="share of the task's problem contents held out for eval (by a hash of each "
                               "prompt); unused with eval.file")

@@ -13,7 +13,8 @@ reaches the store or a trainer.
   their job (`rewards.call_is_right`: an answer that verifies, a verdict that matches the truth);
 - sampled: `samples` = k trajectories per problem with every agent's own sampling -> `eval_pass_at_k` (the
   fraction of problems with at least one of k final answers right) and `eval_sampled_accuracy` (the mean over
-  all k x problems trajectories).
+  all k x problems trajectories). `samples=0` skips this pass (both are None then): on a real model on a CPU
+  the sampled pass costs k times the greedy one, and the greedy accuracy is the figure that is tracked.
 
 An eval record's `iteration` is the number of RL iterations done when it ran, i.e. the policy version it
 evaluates: eval `iteration` s and the training record of iteration s describe the same policies. `run.py`
@@ -53,7 +54,7 @@ class TeamEvaluator:
       verify: the task's answer check.
       sampling: agent -> how its rollouts sample (the sampled pass uses it as is; the greedy pass at
         temperature 0).
-      samples: k, sampled trajectories per problem.
+      samples: k, sampled trajectories per problem; 0 = the greedy pass only.
     """
 
     def __init__(self, workflow: Workflow, backend: GenerationBackend, problems: Sequence[Problem],
@@ -61,8 +62,8 @@ class TeamEvaluator:
                  samples: int):
         if not problems:
             raise ValueError("no eval problems")
-        if samples < 1:
-            raise ValueError(f"samples={samples} must be >= 1")
+        if samples < 0:
+            raise ValueError(f"samples={samples} must be >= 0 (0 = the greedy pass only)")
         self.workflow, self.backend, self.verify = workflow, backend, verify
         self.problems = list(problems)
         self.samples = samples
@@ -71,27 +72,27 @@ class TeamEvaluator:
                                 for agent, params in self.sampling.items()}
 
     def evaluate(self, step: int, policy_versions: Mapping[str, int]) -> dict:
-        """Runs the greedy and the sampled pass; returns the eval record (see the module docstring)."""
+        """Runs the greedy and (samples > 0) the sampled pass; returns the eval record (module docstring)."""
         started = time.monotonic()
         greedy_problems, greedy = self._run(self.greedy_sampling, samples=1, tag=f"{step}g")
-        _, sampled = self._run(self.sampling, samples=self.samples, tag=f"{step}s")
-        self._check_versions(step, policy_versions, (greedy, sampled))
+        sampled = self._run(self.sampling, samples=self.samples, tag=f"{step}s")[1] if self.samples else None
+        self._check_versions(step, policy_versions, (greedy,) if sampled is None else (greedy, sampled))
         by_agent = agent_accuracy(self.workflow, greedy_problems, greedy, self.verify)
         record = {
             "kind": EVAL_KIND,
             "iteration": step,
             "policy_version": dict(policy_versions),
             "eval_team_accuracy": greedy.accuracy,
-            "eval_pass_at_k": pass_at_k(sampled),
-            "eval_sampled_accuracy": sampled.accuracy,
+            "eval_pass_at_k": None if sampled is None else pass_at_k(sampled),
+            "eval_sampled_accuracy": None if sampled is None else sampled.accuracy,
             "eval_k": self.samples,
             "eval_problems": len(self.problems),
             "eval_wall_s": time.monotonic() - started,
             "agent": {agent: {"eval_accuracy": accuracy} for agent, accuracy in by_agent.items()},
         }
-        logger.info("eval after %d iterations: greedy team accuracy %.3f, pass@%d %.3f (%d problems, %.1f s)", step,
-                    record["eval_team_accuracy"], self.samples, record["eval_pass_at_k"], len(self.problems),
-                    record["eval_wall_s"])
+        sampled_text = f", pass@{self.samples} {record['eval_pass_at_k']:.3f}" if sampled is not None else ""
+        logger.info("eval after %d iterations: greedy team accuracy %.3f%s (%d problems, %.1f s)", step,
+                    record["eval_team_accuracy"], sampled_text, len(self.problems), record["eval_wall_s"])
         return record
 
     def _run(self, sampling: Mapping[str, SamplingParams], *, samples: int,

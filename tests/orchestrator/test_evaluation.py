@@ -68,6 +68,19 @@ def test_greedy_eval_of_an_oracle_team_is_perfect_and_sampled_eval_matches_its_s
 
 
 @pytest.mark.timeout(120)
+def test_samples_zero_runs_the_greedy_pass_only(evaluation):
+    evaluator, backend = evaluation
+    greedy_only = TeamEvaluator(CHAIN, backend, evaluator.problems, evaluator.verify, evaluator.sampling, samples=0)
+    record = greedy_only.evaluate(0, {agent: 0 for agent in CHAIN.agents})
+    assert record["eval_team_accuracy"] == 1.0 and record["eval_k"] == 0
+    assert record["eval_pass_at_k"] is None and record["eval_sampled_accuracy"] is None
+    solver_requests = [event for event in backend.events if event.agent == "solver"]
+    assert len(solver_requests) == 200  # one greedy call per problem, nothing sampled
+    with pytest.raises(ValueError, match="samples=-1 must be >= 0"):
+        TeamEvaluator(CHAIN, backend, evaluator.problems, evaluator.verify, evaluator.sampling, samples=-1)
+
+
+@pytest.mark.timeout(120)
 def test_evaluations_never_reuse_request_ids(evaluation):
     evaluator, backend = evaluation
     first = evaluator.evaluate(0, {agent: 0 for agent in CHAIN.agents})
