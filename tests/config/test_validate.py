@@ -75,14 +75,17 @@ CONFIG_FILES = sorted(path.name for path in pathlib.Path("configs").glob("*.py")
 
 @pytest.fixture
 def recipe_checkpoints(tmp_path, monkeypatch):
-    """configs/gsm8k_chain.py names real Qwen2.5 checkpoints under $FLEXMARL_CHECKPOINTS and GSM8K under
-    $FLEXMARL_DATA: stand synthetic checkpoints of the same architecture and the smoke file in for them."""
+    """configs/gsm8k_chain.py and configs/smollm2_team.py name real checkpoints under $FLEXMARL_CHECKPOINTS and
+    GSM8K under $FLEXMARL_DATA: stand synthetic checkpoints of the same architecture and the smoke file in for
+    them."""
     import shutil
 
     from flexmarl_jax.models.fixture_cache import synthetic_checkpoint
 
     for name, size in (("Qwen2.5-1.5B-Instruct", "small"), ("Qwen2.5-0.5B-Instruct", "smoke")):
         (tmp_path / name).symlink_to(synthetic_checkpoint("qwen2", size=size))
+    # configs/smollm2_team.py: SmolLM2 is a Llama (tests/cli/test_smollm2_recipe.py runs the real one)
+    (tmp_path / "SmolLM2-135M-Instruct").symlink_to(synthetic_checkpoint("llama", size="smoke"))
     (tmp_path / "gsm8k").mkdir()
     shutil.copy("configs/data/gsm8k_smoke.jsonl", tmp_path / "gsm8k" / "train.jsonl")
     monkeypatch.setenv("FLEXMARL_CHECKPOINTS", str(tmp_path))
@@ -113,7 +116,8 @@ def test_variants_combine():
     ({"workflow.roles.verifier": "critic"}, "roles are played by undeclared agent(s) ['critic']"),
     ({"workflow.task": "arithmetic", "workflow.task_options.arithmetic.max_digits": "0"}, "max_digits=0"),
     ({"workflow.task": "sudoku"},
-     "config.workflow.task='sudoku' is not allowed; choose one of: arithmetic, countdown, reverse or a path"),
+     "config.workflow.task='sudoku' is not allowed; choose one of: arithmetic, countdown, reverse, word_problems or a "
+     "path"),
     ({"workflow.task": "missing.jsonl"}, "config.workflow.task='missing.jsonl' with task_options.jsonl"),
     ({"workflow.options.corrector_runs": "sometimes"}, "unknown condition 'sometimes'"),
     # Switching workflows keeps chain's sections: one line says what the new workflow takes and where to start.
