@@ -54,8 +54,8 @@ def base_config() -> ml_collections.ConfigDict:
     config.workflow.roles.solver = "solver"  # chain: answers the query
     config.workflow.roles.verifier = "verifier"  # chain: judges the solver's answer (Y/N)
     config.workflow.roles.corrector = "corrector"  # chain: answers again when the verifier says N
-    # Embedded task (arithmetic | countdown | reverse) or a .jsonl path. The default, reverse: 4,608 distinct strings
-    # of 3-4 letters from a-h, about a fifth of them held out for eval.
+    # Embedded task (arithmetic | countdown | reverse | word_problems) or a .jsonl path. The default, reverse: 4,608
+    # distinct strings of 3-4 letters from a-h, about a fifth of them held out for eval.
     config.workflow.task = "reverse"
     # Each task's constructor arguments, one section per task; only the selected task's section is read (a
     # .jsonl path reads `jsonl`), so --config.workflow.task=... switches tasks with their own options.
