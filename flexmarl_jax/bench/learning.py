@@ -1,7 +1,8 @@
 """`flexmarl bench learning`: does the team learn more per wall-clock second than one agent, and does the
 asynchronous pipeline learn faster than the synchronous one? Held-out accuracy against RL wall-clock.
 
-Three runs of the default task (configs/tiny.py), one seed, each with the same RL wall-clock budget:
+Three runs of one config (`--config SPEC` as `flexmarl train` takes it; the default task, configs/tiny.py,
+when it is not given), one seed, each with the same RL wall-clock budget:
 - `team_flexmarl`: the chain team (solver -> verifier -> corrector) in `flexmarl` mode (the default run);
 - `team_sync`: the same team in `sync` mode (training starts after the whole rollout);
 - `solver_alone`: the solver without verifier and corrector (a one-node DAG whose answer is the solver's).
@@ -57,8 +58,11 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser.add_argument("--eval-every-s", type=float, default=10.0, help="evaluate after this much more RL time")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--runs", default=",".join(RUNS), help=f"comma-separated subset of {list(RUNS)}")
+    parser.add_argument("--config", default=None, metavar="SPEC",
+                        help="the config every run starts from: PATH[:VARIANTS] as flexmarl train takes it, e.g. "
+                             "configs/smollm2_team.py:cpu (default: the embedded default, configs/tiny.py)")
     parser.add_argument("--smoke", action="store_true",
-                        help="configs/tiny.py's smoke sizes (seconds-long runs for tests)")
+                        help="the config's smoke variant (configs/tiny.py's sizes: seconds-long runs for tests)")
     add_config_overrides(parser, "every run", "workflow.warmup_steps=50")
     parser.add_argument("--child", default=None, help=argparse.SUPPRESS)  # internal: run one run, write its result
     parser.add_argument("--child-out", default=None, help=argparse.SUPPRESS)
@@ -75,13 +79,21 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
 # ------------------------------------------------------------------------------------------ one run's config
 
 
+def config_spec(spec: str | None, smoke: bool) -> str:
+    """`--config` with the `smoke` variant added when `smoke` (every config built on configs/tiny.py has it)."""
+    spec = spec or "flexmarl_jax.configs.tiny"
+    if not smoke:
+        return spec
+    return f"{spec},smoke" if ":" in spec else f"{spec}:smoke"
+
+
 def run_config(name: str, *, seed: int, workdir: str, smoke: bool = False,
-               overrides: Mapping[str, str] | None = None):
-    """The checked `RunConfig` of run `name`: the embedded default (with `smoke` sizes), the run's changes, then
-    `overrides` (`KEY=VALUE` strings)."""
+               overrides: Mapping[str, str] | None = None, spec: str | None = None):
+    """The checked `RunConfig` of run `name`: config `spec` (the embedded default when None; with `smoke`
+    sizes), the run's changes, then `overrides` (`KEY=VALUE` strings)."""
     from flexmarl_jax.config import RunConfig, apply_overrides, load_config
 
-    config = load_config("flexmarl_jax.configs.tiny:smoke" if smoke else None)
+    config = load_config(config_spec(spec, smoke))
     config.seed = seed
     config.workdir = workdir
     config.iterations = 1 << 20  # the budget ends a run, not an iteration count
@@ -116,13 +128,13 @@ def make_solver_alone(config) -> None:
 
 
 def run_one(name: str, *, seed: int, budget_s: float, eval_every_s: float, smoke: bool,
-            overrides: Mapping[str, str], workdir: str) -> dict[str, Any]:
+            overrides: Mapping[str, str], workdir: str, spec: str | None = None) -> dict[str, Any]:
     """Builds run `name` (with its warm-up), runs RL iterations until `budget_s` of RL time has passed, with
     held-out evals as the module docstring says; returns the run's result."""
     from flexmarl_jax.config import devices_needed
     from flexmarl_jax.mesh.host_devices import fake_cpu_devices
 
-    config = run_config(name, seed=seed, workdir=workdir, smoke=smoke, overrides=overrides)
+    config = run_config(name, seed=seed, workdir=workdir, smoke=smoke, overrides=overrides, spec=spec)
     fake_cpu_devices(max(config.mesh.fake_cpu_devices, devices_needed(config)))
     import jax
 
@@ -204,6 +216,7 @@ def run_in_child(name: str, args: argparse.Namespace, root: str) -> dict[str, An
     command = [sys.executable, "-m", "flexmarl_jax.bench.learning", "--child", name, "--child-out", out,
                "--seed", str(args.seed), "--budget-s", str(args.budget_s), "--eval-every-s", str(args.eval_every_s)]
     command += ["--smoke"] if args.smoke else []
+    command += ["--config", args.config] if args.config else []
     for item in args.set:
         command += ["--set", item]
     completed = subprocess.run(command, stdout=sys.stderr, check=False)
@@ -268,7 +281,8 @@ def _maybe(value: float | None) -> str:
 
 
 def plot(result: Mapping[str, Any], path: str) -> str:
-    """Greedy held-out accuracy (solid) and pass@k (dotted) against RL wall-clock, one colour per run."""
+    """Greedy held-out accuracy (solid) and pass@k (dotted, where the eval samples) against RL wall-clock, one
+    colour per run."""
     from matplotlib import rc_context
     from matplotlib.figure import Figure
 
@@ -282,8 +296,9 @@ def plot(result: Mapping[str, Any], path: str) -> str:
             seconds = [point["rl_s"] for point in run["curve"]]
             axes.plot(seconds, [point["eval_team_accuracy"] for point in run["curve"]], marker="o",
                       color=colors[name], label=f"{name} (greedy)")
-            axes.plot(seconds, [point["eval_pass_at_k"] for point in run["curve"]], linestyle=":",
-                      color=colors[name], label=f"{name} (pass@k)")
+            if all(point["eval_pass_at_k"] is not None for point in run["curve"]):  # eval.samples=0 has none
+                axes.plot(seconds, [point["eval_pass_at_k"] for point in run["curve"]], linestyle=":",
+                          color=colors[name], label=f"{name} (pass@k)")
         axes.axvline(result["budget_s"], color="#737373", linewidth=1, linestyle="--")
         axes.set_xlabel("RL wall-clock (s; warm-up, the compiling first iteration and evals not counted)")
         axes.set_ylabel("held-out accuracy")
@@ -299,12 +314,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.child:
         with tempfile.TemporaryDirectory(prefix=f"flexmarl-bench-learning-{args.child}-") as workdir:
             result = run_one(args.child, seed=args.seed, budget_s=args.budget_s, eval_every_s=args.eval_every_s,
-                             smoke=args.smoke, overrides=overrides, workdir=workdir)
+                             smoke=args.smoke, overrides=overrides, workdir=workdir, spec=args.config)
         write_json(args.child_out, result)
         return 0
     names = args.runs.split(",")
     for name in names:  # bad overrides fail here, before any run starts
-        run_config(name, seed=args.seed, workdir="unused", smoke=args.smoke, overrides=overrides)
+        run_config(name, seed=args.seed, workdir="unused", smoke=args.smoke, overrides=overrides, spec=args.config)
     with tempfile.TemporaryDirectory(prefix="flexmarl-bench-learning-") as root:
         runs = {name: run_in_child(name, args, root) for name in names}
     result = summarize(runs, budget_s=args.budget_s, seed=args.seed)

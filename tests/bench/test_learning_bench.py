@@ -41,6 +41,24 @@ def test_overrides_reach_every_run_and_unknown_runs_are_refused(tmp_path):
         learning.parse_args(["--budget-s", "0"])
 
 
+def test_config_spec_is_every_runs_start_and_smoke_adds_its_variant(tmp_path, monkeypatch):
+    from flexmarl_jax.models.fixture_cache import synthetic_checkpoint
+
+    # configs/smollm2_team.py reads $FLEXMARL_CHECKPOINTS/SmolLM2-135M-Instruct: a synthetic Llama stands in
+    (tmp_path / "SmolLM2-135M-Instruct").symlink_to(synthetic_checkpoint("llama", size="smoke"))
+    monkeypatch.setenv("FLEXMARL_CHECKPOINTS", str(tmp_path))
+    spec = "configs/smollm2_team.py:cpu"
+    team, sync, alone = (learning.run_config(name, seed=1, workdir=str(tmp_path / name), spec=spec)
+                         for name in learning.RUNS)
+    assert team.workflow.task == alone.workflow.task == "word_problems" and team.eval.samples == 0
+    assert team.agents["solver"].model.endswith("SmolLM2-135M-Instruct") and tuple(alone.agents) == ("solver",)
+    assert alone.agents["solver"] == team.agents["solver"] and sync.pipeline.mode == "sync"
+    assert learning.config_spec(spec, smoke=True) == "configs/smollm2_team.py:cpu,smoke"
+    assert learning.config_spec(None, smoke=True) == "flexmarl_jax.configs.tiny:smoke"
+    smoke = learning.run_config(learning.TEAM_FLEXMARL, seed=1, workdir=str(tmp_path), smoke=True, spec=spec)
+    assert smoke.workflow.queries_per_iteration == 4 and smoke.workflow.task == "word_problems"
+
+
 def _run(at_budget: float) -> dict:
     return {"eval_accuracy_at_budget": at_budget}
 
