@@ -11,7 +11,8 @@ two-step questions in GSM8K's style, a fifth of their contents held out for eval
 answer of each worked solution, and the agents read the natural-language chat role prompts.
 
 Variants (`--config=configs/smollm2_team.py:VARIANT`; several joined by commas, with those of configs/tiny.py):
-  cpu        this 2-core CPU host, float32: about an hour for the whole run with its evals (docs/recipes.md)
+  cpu        this 2-core CPU host, float32 (docs/recipes.md has what it costs as measured: over an hour, and
+             its memory grows until the sixth iteration does not fit in 24 GB)
   cpu_smoke  cpu at the smallest size: one iteration, an eval of 4 problems (tests, CI)
 """
 
@@ -36,7 +37,7 @@ def get_config(variant: str | None = None) -> ml_collections.ConfigDict:
 def base_config() -> ml_collections.ConfigDict:
     config = tiny.base_config()
     config.workdir = "runs/smollm2_team"
-    # Two 200-problem evals (the start and the end) take about 25 minutes of the hour here; 8 iterations fit the rest.
+    # Two 200-problem evals (the start and the end) take about 24 minutes here, an iteration 5.5-6.5 (docs/recipes.md).
     config.iterations = 8
 
     for agent in config.agents.values():
