@@ -15,10 +15,14 @@ import json
 import os
 import shutil
 import tempfile
+from collections.abc import Callable
+from typing import TypeVar
 
 from flexmarl_jax.config.errors import ConfigError
 from flexmarl_jax.models.config import ModelConfig
 from flexmarl_jax.models.tokenizer import Tokenizer
+
+T = TypeVar("T")
 
 
 class ExportError(Exception):
@@ -66,16 +70,7 @@ def export_agent(workdir: str, agent: str, out: str, *, policy_version: int | No
     _check_output(out, force, protected=[workdir] + ([source.checkpoint_dir] if source.checkpoint_dir else []))
 
     snapshot = restore_matching_policy(checkpoints, policy_version, source, agent)
-    created = make_parents(out)
-    staging = tempfile.mkdtemp(prefix=f".{os.path.basename(out)}.export-", dir=os.path.dirname(out))
-    try:
-        files = _write_model_dir(staging, snapshot, source)
-        replace_directory(staging, out)
-    except BaseException:
-        shutil.rmtree(staging, ignore_errors=True)
-        if created:
-            shutil.rmtree(created, ignore_errors=True)
-        raise
+    files = write_directory(out, "export", lambda staging: _write_model_dir(staging, snapshot, source))
     import jax
 
     from flexmarl_jax.models.functional import param_count
@@ -197,7 +192,24 @@ def _generation_config(tokenizer: Tokenizer) -> dict:
     return config
 
 
-def make_parents(out: str) -> str | None:
+def write_directory(out: str, tag: str, write: Callable[[str], T]) -> T:
+    """Runs ``write(staging)`` in a fresh folder beside ``out`` and then puts that folder at ``out``; returns what
+    ``write`` returned. On any failure the staging folder, and the parents of ``out`` made for it, are removed:
+    nothing is left behind (``out`` itself was checked, emptied or absent, by the caller)."""
+    created = _make_parents(out)
+    staging = tempfile.mkdtemp(prefix=f".{os.path.basename(out)}.{tag}-", dir=os.path.dirname(out))
+    try:
+        result = write(staging)
+        _replace(staging, out)
+    except BaseException:
+        shutil.rmtree(staging, ignore_errors=True)
+        if created:
+            shutil.rmtree(created, ignore_errors=True)
+        raise
+    return result
+
+
+def _make_parents(out: str) -> str | None:
     """Creates the missing parents of ``out``; returns the topmost one created (removed again on failure)."""
     parent, topmost = os.path.dirname(out), None
     while not os.path.isdir(parent):
@@ -207,7 +219,7 @@ def make_parents(out: str) -> str | None:
     return topmost
 
 
-def replace_directory(staging: str, out: str) -> None:
+def _replace(staging: str, out: str) -> None:
     """Moves the finished directory to ``out`` (emptied or refused by `_check_output` before)."""
     umask = os.umask(0)
     os.umask(umask)

