@@ -273,9 +273,10 @@ class ExperienceStore:
 
     def consume_rows(self, agent: str, sample_ids: Sequence[str]) -> int:
         """Marks rows CONSUMED without a claim: recovery of rows whose training a checkpoint already holds
-        (a crash between the checkpoint and ``mark_consumed``). Whole groups only; rows already consumed are
-        skipped; returns the number of rows newly consumed. Raises ValueError (changing nothing) for unknown
-        ids, a partial group, or rows that are claimed, dropped or not READY."""
+        (a crash between the checkpoint and ``mark_consumed``). Whole groups only; rows already consumed and ids
+        the store does not hold (a memory store does not outlive its process) are skipped; returns the number of
+        rows newly consumed. Raises ValueError (changing nothing) for a partial group, or rows that are claimed,
+        dropped or not READY."""
         return self._table(agent).consume_rows(list(sample_ids))
 
     def drop_rows(self, agent: str, sample_ids: Sequence[str]) -> int:

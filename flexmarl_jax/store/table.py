@@ -346,7 +346,7 @@ class AgentTable:
     def consume_rows(self, sample_ids: list[str]) -> int:
         with self._cond:
             index = self._index
-            rows = index.rows_of(sample_ids)
+            rows = index.rows_of([sample_id for sample_id in sample_ids if sample_id in index.row_of_sample])
             rows = rows[index.state[rows] != RowState.CONSUMED]
             if not len(rows):
                 return 0

@@ -423,6 +423,8 @@ def test_consume_rows_settles_whole_ready_groups_without_a_claim(tmp_path, backe
         store.consume_rows("solver", list(held.sample_ids))
     assert store.consume_rows("solver", ["q1_0_0", "q1_0_1"]) == 2
     assert store.consume_rows("solver", ["q1_0_0", "q1_0_1"]) == 0  # idempotent: a resume may repeat it
+    # A memory store restarted with its process no longer holds a checkpointed iteration's rows: nothing to settle.
+    assert store.consume_rows("solver", ["gone_0_0", "gone_0_1"]) == 0
     assert store.counters("solver")["consumed"] == 2
     store.close()
     if backend == "file":  # durable: a reopened store shows them consumed and never offers them
