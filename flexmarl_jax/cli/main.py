@@ -13,6 +13,7 @@ import os
 import pkgutil
 import sys
 
+from flexmarl_jax import host_allocator
 from flexmarl_jax.config.errors import ConfigError
 
 COMMANDS_HELP = """commands:
@@ -281,6 +282,9 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     from flexmarl_jax.orchestrator.workdir_lock import WorkdirBusy
 
+    # Before JAX allocates: a long run replaces its parameters every update, and without this glibc keeps the
+    # freed buffers in the process (flexmarl_jax/host_allocator.py).
+    host_allocator.return_freed_blocks_to_the_os()
     try:
         return COMMANDS[command](rest)
     except ConfigError as error:
