@@ -108,7 +108,10 @@ class EngineInstance:
         from flexmarl_jax.models.functional import param_shardings
 
         params = jax.device_put(params, param_shardings(params, mesh))
-        engine = FlexEngine(model_config, graphdef, engine_config, tokenizer, mesh=mesh, params=params)
+        # The instance serves its own params and swaps them on every sync; an engine that kept these for
+        # `load_params` would hold a dead copy of the whole model from the first sync on.
+        engine = FlexEngine(model_config, graphdef, engine_config, tokenizer, mesh=mesh,
+                            cache_dtype=jax.tree.leaves(params)[0].dtype)
         return cls(engine, params, **kwargs)
 
     # ------------------------------------------------------------------ requests
