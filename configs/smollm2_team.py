@@ -23,6 +23,8 @@ import ml_collections
 from flexmarl_jax.configs import tiny
 
 CHECKPOINT_NAME = "SmolLM2-135M-Instruct"
+# The end of the line that states the final answer (the chat role prompts ask for "The answer is N").
+ANSWER_LINE = r"The answer is[^\n]*\d[^\n]*\n"
 
 
 def default_checkpoint() -> str:
@@ -51,6 +53,10 @@ def base_config() -> ml_collections.ConfigDict:
     config.agents.solver.learning_rate = 2e-5
     config.agents.corrector.learning_rate = 2e-5
     config.agents.verifier.learning_rate = 3e-6
+    # The model states "The answer is N." and then goes on writing (a new problem, a restatement) until the cap:
+    # ending at that line's end keeps the answer the parser reads the first one given and halves the tokens.
+    for name in ("solver", "corrector"):
+        config.agents[name].stop_pattern = ANSWER_LINE
 
     workflow = config.workflow
     workflow.task = "word_problems"

@@ -24,6 +24,7 @@ def agent_config(model: str = "tiny") -> ml_collections.ConfigDict:
     agent.dtype = "float32"  # parameters and compute (training and rollout): float32 | bfloat16
     agent.fp32_master_weights = False  # bfloat16 only: the optimizer updates a float32 copy of the parameters
     agent.decode_slots = 0  # concurrent sequences per engine instance of this agent; 0 = rollout.decode_slots
+    agent.stop_pattern = ""  # a regex: a response ends once its last 64 tokens hold a match; "" = none
     return agent
 
 

@@ -16,6 +16,7 @@ import dataclasses
 import functools
 import json
 import os
+import re
 from collections.abc import Mapping
 from typing import Any
 
@@ -118,6 +119,14 @@ def _emulate_link_rule(name: str) -> str | None:
     return f"is not a link; choose one of: interconnect, {', '.join(sorted(LINKS))}"
 
 
+def _regex_rule(pattern: str) -> str | None:
+    try:
+        re.compile(pattern)
+    except re.error as error:
+        return f"is not a valid regular expression ({error})"
+    return None
+
+
 def _param_dtypes() -> tuple[str, ...]:
     from flexmarl_jax.models.dtypes import PARAM_DTYPES
 
@@ -161,6 +170,9 @@ class AgentConfig(Section):
                                         "parameters and the bfloat16 ones are its cast")
     decode_slots: int = setting(0, rule=at_least_zero, help="concurrent sequences per engine instance of this "
                                 "agent; 0 = rollout.decode_slots")
+    stop_pattern: str = setting("", rule=_regex_rule, help="a Python regex: a response ends (finish reason 'stop') "
+                                "as soon as its last 64 tokens hold a match, e.g. the line that states the answer; "
+                                "'' = none")
 
     def check(self, path: str) -> None:
         if self.fp32_master_weights and self.dtype == "float32":

@@ -102,10 +102,11 @@ def training_slice_meshes(config: RunConfig, layout: Mapping[str, AgentDevices],
 
 
 def sampling_for(config: RunConfig, agent: str) -> SamplingParams:
-    """How ``agent``'s rollouts sample: its own temperature, top-k and top-p; the run's response cap."""
+    """How ``agent``'s rollouts sample: its own temperature, top-k, top-p and stop pattern; the run's response
+    cap."""
     settings = config.agents[agent]
     return SamplingParams(temperature=settings.temperature, top_k=settings.top_k, top_p=settings.top_p,
-                          max_new_tokens=config.rollout.max_response_length)
+                          max_new_tokens=config.rollout.max_response_length, stop_pattern=settings.stop_pattern)
 
 
 def agent_trainer_config(config: RunConfig, agent: str) -> TrainerConfig:

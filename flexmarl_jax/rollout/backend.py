@@ -78,6 +78,7 @@ class EngineBackend:
                                   seed=seed),
             max_new_tokens=sampling.max_new_tokens,
             stop_strings=tuple(sampling.stop),
+            stop_pattern=sampling.stop_pattern,
             on_done=on_done,
             on_error=future.set_exception,
         )

@@ -15,7 +15,7 @@ Like MaxText's offline engine, it calls `prefill` / `insert` / `generate` direct
    finished at step k still runs in step k+1 (its output is ignored), then is refilled.
 
 A sequence finishes on a stop token (kept in the output with its log-prob, finish
-reason "stop"), on a stop string, or after `max_new_tokens` ("length"). A request
+reason "stop"), on a stop string or a match of the stop pattern, or after `max_new_tokens` ("length"). A request
 completes when all of its samples have; its `on_done` callback then receives one
 `SequenceResult` per sample, in sample order.
 """
@@ -26,6 +26,7 @@ import collections
 import dataclasses
 import itertools
 import logging
+import re
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -36,6 +37,8 @@ from flexmarl_jax.rollout.settings import validate_sampling
 
 logger = logging.getLogger(__name__)
 
+STOP_PATTERN_TOKENS = 64  # a stop pattern is matched against the response's last this many tokens
+
 
 @dataclasses.dataclass(frozen=True)
 class RolloutRequest:
@@ -43,8 +46,9 @@ class RolloutRequest:
 
     prompt_ids: token ids (BOS included if wanted). stop_token_ids: extra ids that end a
     sequence besides the tokenizer's EOS. stop_strings: end once the decoded response ends
-    with one of them (needs the loop's tokenizer). ignore_eos: only max_new_tokens (and the
-    explicit stops) end a sequence, for fixed-length benchmarks.
+    with one of them (needs the loop's tokenizer). stop_pattern: a regex; end once the decoded
+    last STOP_PATTERN_TOKENS tokens hold a match ('' = none). ignore_eos: only max_new_tokens (and
+    the explicit stops) end a sequence, for fixed-length benchmarks.
     """
 
     prompt_ids: tuple[int, ...]
@@ -53,6 +57,7 @@ class RolloutRequest:
     max_new_tokens: int = 16
     stop_token_ids: tuple[int, ...] = ()
     stop_strings: tuple[str, ...] = ()
+    stop_pattern: str = ""
     ignore_eos: bool = False  # benchmarks: always generate max_new_tokens
     on_done: Callable[[list[SequenceResult]], None] | None = None
     on_error: Callable[[BaseException], None] | None = None
@@ -383,7 +388,7 @@ class RolloutLoop:
         """`_take` over consecutive tokens [count], in bulk where no stop string needs a per-token check: the
         sequence keeps its tokens up to the first stop or its budget, exactly as one by one."""
         request = sequence.work.request
-        if request.stop_strings:
+        if request.stop_strings or request.stop_pattern:
             for token, logprob in zip(tokens.tolist(), logprobs.tolist(), strict=True):
                 if sequence.finish_reason is not None:
                     return
@@ -402,7 +407,13 @@ class RolloutLoop:
             self._finish(sequence, "length")
 
     def _hit_stop_string(self, sequence: _Sequence) -> bool:
-        stops = sequence.work.request.stop_strings
+        request = sequence.work.request
+        # Checked after every token, so the first match is found when its last token arrives; a bounded window
+        # keeps the cost per token constant (a match longer than the window is never seen).
+        if request.stop_pattern and re.search(request.stop_pattern,
+                                              self.tokenizer.decode(sequence.token_ids[-STOP_PATTERN_TOKENS:])):
+            return True
+        stops = request.stop_strings
         if not stops:
             return False
         # Decode only the response's tail, but a tail of text rather than of tokens (some ids decode to ""):

@@ -13,7 +13,8 @@ from typing import Protocol, runtime_checkable
 
 @dataclasses.dataclass(frozen=True)
 class SamplingParams:
-    """How one agent samples; `stop` strings end a completion early (finish_reason "stop")."""
+    """How one agent samples; `stop` strings, or a match of `stop_pattern` (a regex, '' for none) in the
+    completion's last 64 tokens, end a completion early (finish_reason "stop"; the stop text is kept)."""
 
     temperature: float = 1.0
     top_k: int = 0
@@ -21,6 +22,7 @@ class SamplingParams:
     max_new_tokens: int = 32
     seed: int | None = None
     stop: tuple[str, ...] = ()
+    stop_pattern: str = ""
 
 
 @dataclasses.dataclass(frozen=True)

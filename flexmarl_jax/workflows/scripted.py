@@ -12,6 +12,7 @@ from __future__ import annotations
 import concurrent.futures
 import dataclasses
 import random
+import re
 import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
@@ -169,6 +170,9 @@ class ScriptedBackend:
             cut = text.find(stop)
             if cut >= 0:
                 text = text[:cut]
+        match = re.search(request.sampling.stop_pattern, text) if request.sampling.stop_pattern else None
+        if match:  # kept, as the rollout loop keeps it
+            text = text[:match.end()]
         token_ids = list(self._encode(text))
         if len(token_ids) > request.sampling.max_new_tokens:
             # With the default char encoding ids and characters line up one to one.

@@ -24,6 +24,8 @@ def _build(spec=None, overrides=None, devices=8) -> RunConfig:
     ({"train.algorithm": "sft"}, "train.algorithm='sft' is not allowed"),
     ({"agents.solver.temperature": "0"}, "agents.solver.temperature=0.0 must be > 0"),
     ({"agents.verifier.top_p": "1.5"}, "agents.verifier.top_p=1.5 must be in (0, 1]"),
+    ({"agents.solver.stop_pattern": "The answer is ("},
+     "agents.solver.stop_pattern='The answer is (' is not a valid regular expression"),
     ({"agents.solver.model": "gpt-9"}, "agents.solver.model='gpt-9' is neither a model preset"),
     ({"mesh.tp": "2"}, "mesh.tp=2 must divide mesh.train_devices_per_agent=1"),
     ({"train.max_staleness": "-2"}, "max_staleness=-2 must be >= 0"),

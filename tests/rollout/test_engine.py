@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import re
 
 import jax
 import jax.numpy as jnp
@@ -128,6 +129,21 @@ def test_stop_tokens_and_stop_strings_end_sequences(loop, tiny_model):
     (by_string,) = loop.generate([RolloutRequest(prompt, max_new_tokens=12, stop_strings=(text[-2:],))])[0]
     assert tiny_model.tokenizer.decode(by_string.token_ids).endswith(text[-2:])
     assert len(by_string.token_ids) <= 5 and by_string.finish_reason == "stop"
+
+
+def test_a_stop_pattern_ends_a_sequence_at_the_token_that_completes_its_first_match(loop, tiny_model):
+    prompt = tuple(tiny_model.tokenizer.encode("abc"))
+    (free,) = loop.generate([RolloutRequest(prompt, max_new_tokens=12)])[0]
+    decode = tiny_model.tokenizer.decode
+    # Two characters the free run writes at tokens 4-5 (char-level tokens), anything between them allowed.
+    first, second = decode(free.token_ids[3:4]), decode(free.token_ids[4:5])
+    pattern = f"{re.escape(first)}.*?{re.escape(second)}"
+    (cut,) = loop.generate([RolloutRequest(prompt, max_new_tokens=12, stop_pattern=pattern)])[0]
+    ends = [n for n in range(1, 13) if re.search(pattern, decode(free.token_ids[:n]))]
+    assert cut.finish_reason == "stop" and cut.token_ids == free.token_ids[:ends[0]]
+    assert len(cut.token_ids) <= 5
+    (never,) = loop.generate([RolloutRequest(prompt, max_new_tokens=12, stop_pattern="will not appear")])[0]
+    assert never.token_ids == free.token_ids and never.finish_reason == free.finish_reason
 
 
 def test_no_compilation_after_warmup_across_100_varied_requests(engine, tiny_model):

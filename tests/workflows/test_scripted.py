@@ -29,9 +29,13 @@ def test_completions_are_deterministic_and_truncated(make_backend):
         assert len(completion.logprobs) == 3 and all(lp < 0 for lp in completion.logprobs)
     short = backend.submit(request(max_new_tokens=2)).result()[0]
     assert short.finish_reason == "length" and short.text == "p0" and len(short.token_ids) == 2
+    # A stop pattern keeps its match, as the rollout loop does: "p<index><digit>\n" ends at the newline.
+    by_pattern = backend.submit(request(stop_pattern=r"\d\n")).result()
+    assert [c.text[:2] for c in by_pattern] == ["p0", "p1", "p2"]
+    assert all(c.text.endswith("\n") and len(c.text) == 4 and c.finish_reason == "stop" for c in by_pattern)
     backend.set_policy_version("echo", 5)
     assert backend.submit(request()).result()[0].policy_version == 5
-    assert [e.request_id for e in backend.events] == ["r1"] * 4
+    assert [e.request_id for e in backend.events] == ["r1"] * 5
 
 
 @pytest.mark.timeout(30)
