@@ -77,3 +77,17 @@ def test_one_iteration_of_the_recipe_at_smoke_size(smollm2, tmp_path, monkeypatc
     assert set(agents) == {"solver", "verifier", "corrector"}
     assert agents["solver"]["samples"] == 4 and agents["verifier"]["samples"] == 4
     assert all(np.isfinite(agent["entropy"]) and agent["entropy"] > 0 for agent in agents.values())
+
+    # The trained solver exported and reloaded in transformers: the same prompts (its chat template), the same
+    # greedy tokens as our engine, and accuracies on the run's eval problems next to our own eval's.
+    from flexmarl_jax.bench import export_accuracy
+
+    out = tmp_path / "export_accuracy.json"
+    assert export_accuracy.main([str(workdir), "--batch", "2", "--json", str(out)]) == 0
+    result = json.loads(out.read_text())
+    assert result["version"] == 1 and result["problems"] == 4 and result["prompt_ids_equal"] is True
+    assert result["greedy_tokens_equal_fraction"] >= 0.75  # float32 near-ties may flip a token, rarely
+    for label in ("untrained", "trained"):
+        measured = result["accuracy"][label]
+        assert abs(measured["transformers"] - measured["ours"]) <= 0.25  # at most one problem of 4 apart
+    assert result["speed"]["ours"]["tokens"] > 0 and result["speed"]["transformers"]["tokens"] > 0
