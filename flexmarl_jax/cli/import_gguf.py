@@ -31,7 +31,7 @@ import subprocess
 import sys
 import zipfile
 
-from flexmarl_jax.cli.export import write_directory
+from flexmarl_jax.orchestrator.export import write_directory
 
 # GGUF's `general.architecture` -> the HF architecture our loader reads (models/config.py).
 SUPPORTED_ARCHITECTURES = {"llama": "LlamaForCausalLM", "qwen2": "Qwen2ForCausalLM", "qwen3": "Qwen3ForCausalLM"}

@@ -15,6 +15,7 @@ import sys
 
 from flexmarl_jax import host_allocator
 from flexmarl_jax.config.errors import ConfigError
+from flexmarl_jax.distributed.runtime import JoinFailed
 
 COMMANDS_HELP = """commands:
   train     run multi-agent RL: --config=PATH[:VARIANT], --config.KEY=VALUE, --workdir=DIR, --gantt-iterations=K
@@ -84,14 +85,27 @@ def cmd_train(argv: list[str]) -> int:
         return run_training(config, workdir_locked=True, gantt_iterations=parsed.gantt_iterations)
 
 
-def _available_benchmarks() -> list[str]:
-    import flexmarl_jax.bench as bench_package
+# The benchmarks live in the checkout's benchmarks/ folder, beside this package (not in the wheel).
+BENCHMARKS_FOLDER = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))),
+                                 "benchmarks")
 
-    return sorted(m.name for m in pkgutil.iter_modules(bench_package.__path__) if not m.name.startswith("_"))
+
+def _available_benchmarks() -> list[str] | None:
+    """The benchmarks' names, with their folder put on the import path; None where this is no checkout."""
+    package = os.path.join(BENCHMARKS_FOLDER, "flexmarl_benchmarks")
+    if not os.path.isfile(os.path.join(package, "__init__.py")):
+        return None
+    if BENCHMARKS_FOLDER not in sys.path:
+        sys.path.insert(0, BENCHMARKS_FOLDER)
+    return sorted(m.name for m in pkgutil.iter_modules([package]) if not m.name.startswith("_"))
 
 
 def cmd_bench(argv: list[str]) -> int:
     names = _available_benchmarks()
+    if names is None:
+        print("flexmarl bench: the benchmarks run from a checkout of flexmarl-jax (its benchmarks/ folder, installed "
+              "with `pip install -e .`); this installation has none", file=sys.stderr)
+        return 2
     if not argv or argv[0] in ("-h", "--help", "--list"):
         print("usage: flexmarl bench NAME [--json PATH] [options]\navailable: " + ", ".join(names))
         return 0
@@ -101,7 +115,7 @@ def cmd_bench(argv: list[str]) -> int:
         return 2
     import importlib
 
-    module = importlib.import_module(f"flexmarl_jax.bench.{name}")
+    module = importlib.import_module(f"flexmarl_benchmarks.{name}")
     return int(module.main(rest) or 0)
 
 
@@ -138,7 +152,7 @@ def cmd_export(argv: list[str]) -> int:
     args = parser.parse_args(argv)
     # Export reads and converts arrays on the host: keep JAX off accelerators that a run may be using.
     os.environ.setdefault("JAX_PLATFORMS", "cpu")
-    from flexmarl_jax.cli.export import ExportError, export_agent
+    from flexmarl_jax.orchestrator.export import ExportError, export_agent
 
     try:
         result = export_agent(args.workdir, args.agent, args.out, policy_version=args.version, force=args.force)
@@ -218,9 +232,9 @@ def _prepare_served_agents(args) -> list:
     """Loads, places and compiles each agent to serve (agent i on device i mod the device count)."""
     import jax
 
+    from flexmarl_jax.config.workflow_from_config import team_agents
     from flexmarl_jax.serve.served_agent import build_engine, load_agent, read_run, serving_engine_config
     from flexmarl_jax.serve.server import PreparedAgent
-    from flexmarl_jax.workflows.from_config import team_agents
 
     run = read_run(args.workdir)
     names = [args.agent] if args.agent is not None else list(team_agents(run.workflow))
@@ -287,7 +301,7 @@ def main(argv: list[str] | None = None) -> int:
     host_allocator.return_freed_blocks_to_the_os()
     try:
         return COMMANDS[command](rest)
-    except ConfigError as error:
+    except (ConfigError, JoinFailed) as error:
         print(f"flexmarl {command}: config error: {error}", file=sys.stderr)
         return 2
     except WorkdirBusy as error:

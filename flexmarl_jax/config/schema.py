@@ -13,10 +13,7 @@ This module does not use `from __future__ import annotations`: the field types a
 """
 
 import dataclasses
-import functools
 import json
-import os
-import re
 from collections.abc import Mapping
 from typing import Any
 
@@ -30,121 +27,21 @@ from flexmarl_jax.config.fields import (
     positive,
     setting,
 )
+from flexmarl_jax.config.modes import PIPELINE_MODES
+from flexmarl_jax.config.rules import (
+    algorithm_names,
+    emulate_link_rule,
+    emulate_rule,
+    model_rule,
+    regex_rule,
+    store_backends,
+    task_rule,
+    warmup_kinds,
+    workflow_names,
+)
+from flexmarl_jax.models.dtypes import PARAM_DTYPES, master_weights_problem
 
 _frozen = dataclasses.dataclass(frozen=True)
-
-
-# ------------------------------------------------------------------------------------ registries
-
-
-def _workflow_names() -> list[str]:
-    from flexmarl_jax.workflows.builtin import WORKFLOW_BUILDERS
-
-    return sorted(WORKFLOW_BUILDERS)
-
-
-def _pipeline_modes() -> tuple[str, ...]:
-    from flexmarl_jax.orchestrator.modes import PIPELINE_MODES
-
-    return PIPELINE_MODES
-
-
-def _store_backends() -> tuple[str, ...]:
-    from flexmarl_jax.store.backends import STORE_BACKENDS
-
-    return STORE_BACKENDS
-
-
-def _algorithm_names() -> tuple[str, ...]:
-    from flexmarl_jax.train.algorithm_names import ALGORITHM_NAMES
-
-    return ALGORITHM_NAMES
-
-
-def _warmup_kinds() -> list[str]:
-    from flexmarl_jax.workflows.warmup_data import WARMUP_KINDS
-
-    return sorted(WARMUP_KINDS)
-
-
-def _task_rule(task: str) -> str | None:
-    """A registered task, or a path ending in .jsonl (read by the `jsonl` task)."""
-    from flexmarl_jax.workflows.tasks import TASK_BUILDERS
-
-    if task.endswith(".jsonl") or task in TASK_BUILDERS and task != "jsonl":
-        return None
-    names = sorted(set(TASK_BUILDERS) - {"jsonl"})
-    return f"is not allowed; choose one of: {', '.join(names)} or a path ending in .jsonl"
-
-
-def _directory_stamp(path: str) -> tuple:
-    """Names and modification times of a directory's files: what says it changed since it was last checked."""
-    with os.scandir(path) as entries:
-        return tuple(sorted((entry.name, entry.stat().st_mtime_ns) for entry in entries))
-
-
-@functools.lru_cache(maxsize=64)
-def _checkpoint_problem(path: str, stamp: tuple) -> str | None:
-    """Why a checkpoint directory cannot be used, or None; cached per directory state, since a config is
-    rebuilt (and every field re-checked) each time a field changes, and reading a tokenizer takes a while."""
-    del stamp  # part of the cache key only
-    from flexmarl_jax.models.hf_directory import inspect_checkpoint_dir
-
-    try:
-        inspect_checkpoint_dir(path)
-    except (ValueError, OSError) as error:
-        return f"is not a usable checkpoint: {error}"
-    return None
-
-
-def _emulate_rule(text: str) -> str | None:
-    """Empty (off) or CHIP:MODEL that `emulation.parse_emulate` accepts; its error names the choices."""
-    if text == "":
-        return None
-    from flexmarl_jax.emulation.spec import parse_emulate
-
-    try:
-        parse_emulate(text)
-    except ValueError as error:
-        return f"is not usable: {error}"
-    return None
-
-
-def _emulate_link_rule(name: str) -> str | None:
-    """A link of `emulation.chips.LINKS` or "interconnect" (the emulated chip's own ICI / NVLink)."""
-    from flexmarl_jax.emulation.chips import LINKS
-
-    if name == "interconnect" or name in LINKS:
-        return None
-    return f"is not a link; choose one of: interconnect, {', '.join(sorted(LINKS))}"
-
-
-def _regex_rule(pattern: str) -> str | None:
-    try:
-        re.compile(pattern)
-    except re.error as error:
-        return f"is not a valid regular expression ({error})"
-    return None
-
-
-def _param_dtypes() -> tuple[str, ...]:
-    from flexmarl_jax.models.dtypes import PARAM_DTYPES
-
-    return PARAM_DTYPES
-
-
-def _model_rule(model: str) -> str | None:
-    """A model preset or a local Hugging Face checkpoint directory whose config, tokenizer and weight files
-    are there and fit each other (read without loading weights)."""
-    if os.path.isdir(model):
-        return _checkpoint_problem(os.path.abspath(model), _directory_stamp(model))
-    try:
-        from flexmarl_jax.models import presets
-    except ImportError:  # the model package is optional for config-only use
-        return None
-    if model in presets.PRESETS:
-        return None
-    return f"is neither a model preset nor a checkpoint directory; presets: {', '.join(sorted(presets.PRESETS))}"
 
 
 # ------------------------------------------------------------------------------------ sections
@@ -154,7 +51,7 @@ def _model_rule(model: str) -> str | None:
 class AgentConfig(Section):
     """One agent (`config.agents.<name>`): its model and how rollouts sample from it."""
 
-    model: str = setting("tiny", rule=_model_rule,
+    model: str = setting("tiny", rule=model_rule,
                          help="model preset name (flexmarl_jax.models.presets) or a local HF checkpoint dir")
     temperature: float = setting(1.0, rule=above_zero, help="sampling temperature used for rollouts")
     top_k: int = setting(0, help="keep the k most likely tokens; 0 = no top-k filter",
@@ -164,20 +61,20 @@ class AgentConfig(Section):
     learning_rate: float = setting(
         -1.0, help="this agent's learning rate; -1 = use train.learning_rate",
         rule=lambda lr: None if lr == -1.0 or lr > 0 else "must be > 0 or -1 (use train.learning_rate)")
-    dtype: str = setting("float32", choices=_param_dtypes, help="dtype of this agent's parameters and compute, "
+    dtype: str = setting("float32", choices=lambda: PARAM_DTYPES, help="dtype of this agent's parameters and compute, "
                          "in training and rollout (the KV cache follows it)")
     fp32_master_weights: bool = setting(False, help="bfloat16 only: the optimizer updates a float32 copy of the "
                                         "parameters and the bfloat16 ones are its cast")
     decode_slots: int = setting(0, rule=at_least_zero, help="concurrent sequences per engine instance of this "
                                 "agent; 0 = rollout.decode_slots")
-    stop_pattern: str = setting("", rule=_regex_rule, help="a Python regex: a response ends (finish reason 'stop') "
+    stop_pattern: str = setting("", rule=regex_rule, help="a Python regex: a response ends (finish reason 'stop') "
                                 "as soon as its last 64 tokens hold a match, e.g. the line that states the answer; "
                                 "'' = none")
 
     def check(self, path: str) -> None:
-        if self.fp32_master_weights and self.dtype == "float32":
-            raise ConfigError(f"config.{path}.fp32_master_weights=True needs {path}.dtype='bfloat16' (float32 "
-                              "parameters are their own master copy)")
+        problem = master_weights_problem(self.dtype, self.fp32_master_weights, where=f"{path}.")
+        if problem:
+            raise ConfigError(f"config.{path}.{problem}")
 
 
 def _chain_agents() -> dict[str, AgentConfig]:
@@ -186,14 +83,14 @@ def _chain_agents() -> dict[str, AgentConfig]:
 
 @_frozen
 class WorkflowConfig(Section):
-    """The team's workflow and its task (`config.workflow`; see flexmarl_jax/workflows/from_config.py)."""
+    """The team's workflow and its task (`config.workflow`; see flexmarl_jax/config/workflow_from_config.py)."""
 
-    name: str = setting("chain", choices=_workflow_names, help="a registered workflow (workflows/builtin.py)")
+    name: str = setting("chain", choices=workflow_names, help="a registered workflow (workflows/builtin.py)")
     options: Mapping[str, Any] = setting(factory=dict, help="the workflow builder's own arguments; role "
                                          "arguments hold role names; empty = the builder's defaults")
     roles: Mapping[str, str] = setting(factory=dict, help="role -> agent that plays it; a role not listed is "
                                        "played by the agent of its name")
-    task: str = setting("reverse", rule=_task_rule, help="a registered task or a path to a .jsonl file")
+    task: str = setting("reverse", rule=task_rule, help="a registered task or a path to a .jsonl file")
     task_options: Mapping[str, Mapping[str, Any]] = setting(
         factory=dict, help="task -> its constructor arguments; only the selected task's section is read")
     shaping_weights: Mapping[str, float] = setting(
@@ -204,7 +101,7 @@ class WorkflowConfig(Section):
                                 help="supervised warm-up steps before the first RL iteration (0 = none)")
     warmup_learning_rate: float = setting(3e-3, rule=above_zero, help="the supervised warm-up's learning rate "
                                           "(its own fresh optimizer; RL then starts a fresh one at the agent's)")
-    warmup: str = setting("sft", choices=_warmup_kinds, help="what the warm-up teaches, on training problems "
+    warmup: str = setting("sft", choices=warmup_kinds, help="what the warm-up teaches, on training problems "
                           "only: format (answers drawn independently of the truth) or sft (right answers)")
 
 
@@ -258,7 +155,7 @@ class TrainConfig(Section):
     """The policy update (`config.train`). The global batch, queries x samples per query, is
     `RunConfig.global_batch_size`."""
 
-    algorithm: str = setting("grpo", choices=_algorithm_names, help="RL algorithm (train/algorithms.py)")
+    algorithm: str = setting("grpo", choices=algorithm_names, help="RL algorithm (train/algorithms.py)")
     learning_rate: float = setting(3e-4, rule=above_zero, help="default optimizer learning rate of every agent")
     micro_batch_size: int = setting(32, rule=positive, help="samples per gradient micro-batch; divides the "
                                     "global batch and is a multiple of workflow.samples_per_query")
@@ -302,7 +199,7 @@ class MeshConfig(Section):
 class StoreConfig(Section):
     """The experience store (`config.store`); it lives under the workdir."""
 
-    backend: str = setting("memory", choices=_store_backends, help="where the tables live: memory (TensorStore's "
+    backend: str = setting("memory", choices=store_backends, help="where the tables live: memory (TensorStore's "
                            "memory driver) or file (OCDBT in WORKDIR/store)")
 
 
@@ -310,8 +207,8 @@ class StoreConfig(Section):
 class PipelineConfig(Section):
     """How rollout and training overlap (`config.pipeline`)."""
 
-    mode: str = setting("flexmarl", choices=_pipeline_modes,
-                        help="pipeline mode (orchestrator/modes.py, docs/architecture.md)")
+    mode: str = setting("flexmarl", choices=lambda: PIPELINE_MODES,
+                        help="pipeline mode (config/modes.py, docs/architecture.md)")
     async_micro_batches: bool = setting(True, help="flexmarl only: train micro-batches while rollout runs")
     balancing: bool = setting(True, help="flexmarl only: hierarchical load balancing across instances")
     balance_delta: int = setting(5, rule=positive,
@@ -323,7 +220,7 @@ class PipelineConfig(Section):
     deterministic: bool = setting(False, help="train after each rollout, cutting micro-batches in group-id order, "
                                   "so two runs with one seed end with bit-identical parameters (no overlap of "
                                   "training with rollout)")
-    emulate: str = setting("", rule=_emulate_rule,
+    emulate: str = setting("", rule=emulate_rule,
                            help="CHIP:MODEL (e.g. v5p:qwen2.5-14b): emulated devices; every engine step, training "
                            "micro-batch, apply and weight sync takes the cost model's time (emulation/); \"\" = off")
     emulate_compression: float = setting(1.0, rule=lambda c: None if c >= 1 else "must be >= 1 (device seconds "
@@ -335,7 +232,7 @@ class PipelineConfig(Section):
     emulate_median_response: int = setting(0, rule=at_least_zero,
                                            help="emulate: median scripted response tokens, long-tailed up to "
                                            "rollout.max_response_length; 0 = every response that long")
-    emulate_sync_link: str = setting("dcn100", rule=_emulate_link_rule,
+    emulate_sync_link: str = setting("dcn100", rule=emulate_link_rule,
                                      help="emulate: the link a weight sync crosses (one per chip, in parallel)")
     emulate_tokens_per_call: int = setting(64, rule=positive,
                                            help="emulate: decode steps an emulated engine advances per call at most "

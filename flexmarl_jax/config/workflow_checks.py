@@ -19,8 +19,8 @@ if TYPE_CHECKING:
 def check_workflow(workflow: WorkflowConfig, agents: tuple[str, ...]) -> None:
     """Raises ConfigError when `workflow`'s options, shaping weights, roles or task options do not fit its
     registry entries, or when its roles are not played by exactly `agents`."""
+    from flexmarl_jax.config.workflow_from_config import SHIPPED_CONFIGS, workflow_from_config
     from flexmarl_jax.workflows.builtin import SHAPING_DEFAULTS, workflow_options
-    from flexmarl_jax.workflows.from_config import SHIPPED_CONFIGS, workflow_from_config
 
     start_from = (f"; a workflow's options, roles, agents and shaping weights go together: start from "
                   f"--config={SHIPPED_CONFIGS[workflow.name]}" if workflow.name in SHIPPED_CONFIGS else "")
@@ -47,7 +47,7 @@ def check_workflow(workflow: WorkflowConfig, agents: tuple[str, ...]) -> None:
 
 
 def _check_task(workflow: WorkflowConfig) -> None:
-    from flexmarl_jax.workflows.from_config import task_from_config, task_key, task_option_names
+    from flexmarl_jax.config.workflow_from_config import task_from_config, task_key, task_option_names
     from flexmarl_jax.workflows.tasks import TASK_BUILDERS
 
     for name, section in workflow.task_options.items():
@@ -68,7 +68,7 @@ def _check_task(workflow: WorkflowConfig) -> None:
 def check_eval_split(eval_config: EvalConfig, workflow: WorkflowConfig) -> None:
     """Raises ConfigError naming the eval field when the held-out split would leave either side empty, or when
     `eval.file` is set for a task that is not a .jsonl file (generated tasks hold out `eval.fraction`)."""
-    from flexmarl_jax.workflows.from_config import split_task_from_config
+    from flexmarl_jax.config.workflow_from_config import split_task_from_config
     from flexmarl_jax.workflows.splits import EmptySplit
 
     if not eval_config.enabled:

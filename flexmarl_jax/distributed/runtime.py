@@ -12,17 +12,20 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+from typing import TYPE_CHECKING
 
-from flexmarl_jax.config.errors import ConfigError
-from flexmarl_jax.config.schema import DistributedConfig
 from flexmarl_jax.distributed.coordinator_probe import CoordinatorUnreachable, wait_for_coordinator
+
+if TYPE_CHECKING:
+    from flexmarl_jax.config.schema import DistributedConfig
 
 logger = logging.getLogger(__name__)
 ORBAX_BARRIER_FLAG = "experimental_orbax_use_distributed_barrier"  # see use_orbax_key_value_barriers
 
 
-class JoinFailed(ConfigError):
-    """The processes could not join (an unreachable coordinator, a process that never came); one line."""
+class JoinFailed(RuntimeError):
+    """The processes could not join (an unreachable coordinator, a process that never came); one line, which
+    `flexmarl train` reports as a config error (the coordinator and timeouts are `config.distributed`'s)."""
 
 
 @dataclasses.dataclass(frozen=True)

@@ -6,7 +6,7 @@ apart because an emulated run spends it for real (and a compressed clock does no
 
 The formulas, each written once below, and what they assume:
 
-* FLOPs: `forward_flops_per_token` and `matmul_weights` from `bench/_roofline.py` (2 x every matmul weight,
+* FLOPs: `forward_flops_per_token` and `matmul_weights` from `emulation/roofline.py` (2 x every matmul weight,
   LM head included, plus 4 x layers x heads x head_dim per key attended; norms, rotary and softmax are not
   counted). A training step is 3 x forward (backward = 2 x forward), causal attention at its useful half.
 * Roofline: a prefill or decode step takes the larger of its FLOPs at the chips' bf16 peak and its bytes at
@@ -38,8 +38,8 @@ from __future__ import annotations
 import dataclasses
 import math
 
-from flexmarl_jax.bench._roofline import forward_flops_per_token, matmul_weights, train_step_flops
 from flexmarl_jax.emulation.chips import Chip, Link
+from flexmarl_jax.emulation.roofline import forward_flops_per_token, matmul_weights, train_step_flops
 from flexmarl_jax.models.config import ModelConfig
 
 BF16_BYTES = 2

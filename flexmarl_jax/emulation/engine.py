@@ -45,8 +45,8 @@ from flax import struct
 
 from flexmarl_jax.emulation.cost_model import CostModel
 from flexmarl_jax.emulation.timescale import TimeScale
+from flexmarl_jax.rollout import engine_api
 from flexmarl_jax.rollout.engine_shape import EngineShapeFromConfig
-from flexmarl_jax.rollout.jetstream_compat import engine_api, tokenizer_pb2
 from flexmarl_jax.rollout.results import LogProbResultTokens
 from flexmarl_jax.rollout.settings import EngineConfig
 
@@ -355,7 +355,7 @@ class EmulatedEngine(EngineShapeFromConfig, engine_api.Engine):
         return None
 
     def get_tokenizer(self) -> Any:
-        return tokenizer_pb2.TokenizerParameters(path=f"emulated:{type(self.tokenizer).__name__}", extra_ids=0)
+        return engine_api.TokenizerParameters(path=f"emulated:{type(self.tokenizer).__name__}", extra_ids=0)
 
     @property
     def mesh(self) -> Any:

@@ -14,7 +14,7 @@ from typing import Any
 
 import numpy as np
 
-from flexmarl_jax.orchestrator.allocation import TrainingSlicePool
+from flexmarl_jax.train.slice_pool import TrainingSlicePool
 
 
 class EmulatedMesh:

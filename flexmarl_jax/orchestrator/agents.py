@@ -27,6 +27,7 @@ import jax.numpy as jnp
 from jax.sharding import Mesh
 
 from flexmarl_jax.config import RunConfig
+from flexmarl_jax.config.workflow_from_config import team_agents
 from flexmarl_jax.mesh.layout import AgentDevices, interleave_processes, layout_devices
 from flexmarl_jax.mesh.meshes import make_mesh
 from flexmarl_jax.models.config import ModelConfig
@@ -37,7 +38,6 @@ from flexmarl_jax.train.from_config import trainer_config_for
 from flexmarl_jax.train.trainer import AgentTrainer, TrainerConfig
 from flexmarl_jax.transfer import StateStore
 from flexmarl_jax.workflows import SamplingParams
-from flexmarl_jax.workflows.from_config import team_agents
 
 
 @dataclasses.dataclass(frozen=True)

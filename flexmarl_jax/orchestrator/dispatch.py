@@ -23,7 +23,7 @@ from flexmarl_jax.store import ClaimedRows, ExperienceStore
 from flexmarl_jax.train.advantages import gae_from_rewards
 from flexmarl_jax.train.batch import MicroBatch, build_micro_batch
 from flexmarl_jax.train.normalizers import IterationNormalizers
-from flexmarl_jax.train.trainer import AgentTrainer
+from flexmarl_jax.train.protocol import Trainer
 
 CLAIM_COLUMNS = ("prompt_tokens", "response_tokens", "behaviour_logprobs", "reward", "advantage")
 
@@ -70,7 +70,7 @@ class AgentDispatcher:
     With PPO each micro-batch gets its GAE advantages from the critic before its gradient step.
     """
 
-    def __init__(self, agent: str, trainer: AgentTrainer, store: ExperienceStore, *, micro_batch_size: int,
+    def __init__(self, agent: str, trainer: Trainer, store: ExperienceStore, *, micro_batch_size: int,
                  normalizers: IterationNormalizers, aggregation: str, pad_id: int,
                  max_staleness: int, variable_groups: bool, timeline: Timeline, resource: str,
                  on_trained: Callable[[list[str], str, Mapping[str, int]], None] | None = None,

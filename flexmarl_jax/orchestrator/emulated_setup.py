@@ -20,6 +20,7 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 from flexmarl_jax.config import RunConfig
+from flexmarl_jax.config.workflow_from_config import team_agents
 from flexmarl_jax.emulation.chips import Chip, get_link
 from flexmarl_jax.emulation.cost_model import CostModel
 from flexmarl_jax.emulation.engine import DeviceQueue, EmulatedEngine, ScriptedTokens, fixed_length, placeholder_params
@@ -33,7 +34,6 @@ from flexmarl_jax.models.sources import ModelSource
 from flexmarl_jax.orchestrator.agents import AgentRuntime, agent_trainer_config, sampling_for
 from flexmarl_jax.orchestrator.rollout_setup import RolloutHandle, TimedInstance, backend_for, engine_config_for
 from flexmarl_jax.orchestrator.shared_training import DedicatedTraining
-from flexmarl_jax.workflows.from_config import team_agents
 
 
 @dataclasses.dataclass(frozen=True)

@@ -35,46 +35,50 @@ from flexmarl_jax.metrics import GENERATED_TOKENS, REQUESTS, Timeline
 from flexmarl_jax.orchestrator.dispatch import AgentDispatcher, DispatchStats, TrainerFailed
 from flexmarl_jax.orchestrator.invariants import ConsistencyChecker
 from flexmarl_jax.orchestrator.liveness import IterationAbandoned, Liveness, ProgressBeacon
-from flexmarl_jax.orchestrator.modes import PIPELINE_MODES
 from flexmarl_jax.orchestrator.shared_training import TrainingPool
 from flexmarl_jax.orchestrator.sink import StoreSink
 from flexmarl_jax.orchestrator.threads import run_threads, threads_running
 from flexmarl_jax.store import ExperienceStore
 from flexmarl_jax.train.advantages import group_advantages
 from flexmarl_jax.train.normalizers import IterationNormalizers
-from flexmarl_jax.train.trainer import AgentTrainer
+from flexmarl_jax.train.protocol import Trainer
 from flexmarl_jax.workflows import GenerationBackend, RunResult, Task, Workflow, WorkflowExecutor
 
 if TYPE_CHECKING:
+    from flexmarl_jax.config import RunConfig
     from flexmarl_jax.orchestrator.agents import AgentRuntime
 
 logger = logging.getLogger(__name__)
 
-MODES = PIPELINE_MODES
-
 
 @dataclasses.dataclass(frozen=True)
 class PipelineSettings:
-    """The knobs of the pipeline that the config sets (see configs/tiny.py)."""
+    """The pipeline's view of a `RunConfig` (`from_config`): no defaults and no rules of its own, the config's
+    fields and their checks are the one source (config/schema.py)."""
 
-    mode: str = "flexmarl"
-    async_micro_batches: bool = True  # flexmarl: train micro-batches while rollout runs
-    queries_per_iteration: int = 16
-    samples_per_query: int = 4
-    micro_batch_size: int = 16
-    max_response_length: int = 8
-    max_staleness: int = 0
-    seed: int = 0
-    debug_invariants: bool = False
-    deterministic: bool = False  # train after the rollout, micro-batches cut in group-id order
-    stall_timeout_s: float | None = None  # run.stall_timeout_s: a wait ends after this long without progress
-    process_count: int = 1  # processes of the run (config.distributed); > 1: training goes through the issuer
+    mode: str  # pipeline.mode
+    async_micro_batches: bool  # pipeline.async_micro_batches: flexmarl trains micro-batches while rollout runs
+    queries_per_iteration: int  # workflow.queries_per_iteration
+    samples_per_query: int  # workflow.samples_per_query
+    micro_batch_size: int  # train.micro_batch_size
+    max_response_length: int  # rollout.max_response_length
+    max_staleness: int  # train.max_staleness
+    seed: int  # seed
+    debug_invariants: bool  # pipeline.debug_invariants
+    deterministic: bool  # pipeline.deterministic: train after the rollout, micro-batches cut in group-id order
+    stall_timeout_s: float | None  # run.stall_timeout_s: a wait ends after this long without progress
+    process_count: int  # processes of the run (config.distributed); > 1: training goes through the issuer
 
-    def __post_init__(self):
-        if self.mode not in MODES:
-            raise ValueError(f"mode={self.mode!r}; allowed: {', '.join(MODES)}")
-        if self.deterministic and self.max_staleness:
-            raise ValueError(f"deterministic=True needs max_staleness=0, got {self.max_staleness}")
+    @classmethod
+    def from_config(cls, config: RunConfig, *, process_count: int) -> PipelineSettings:
+        return cls(mode=config.pipeline.mode, async_micro_batches=config.pipeline.async_micro_batches,
+                   queries_per_iteration=config.workflow.queries_per_iteration,
+                   samples_per_query=config.workflow.samples_per_query,
+                   micro_batch_size=config.train.micro_batch_size,
+                   max_response_length=config.rollout.max_response_length,
+                   max_staleness=config.train.max_staleness, seed=config.seed,
+                   debug_invariants=config.pipeline.debug_invariants, deterministic=config.pipeline.deterministic,
+                   stall_timeout_s=config.run.stall_timeout_s, process_count=process_count)
 
     @property
     def overlaps_training(self) -> bool:
@@ -159,7 +163,7 @@ class JointOrchestrator:
             # beside the pool, on a state the pool has taken.
             raise ValueError("every agent must train through the training pool's trainer of its agent "
                              "(build the runtimes with agents.pool_training)")
-        self.trainers: dict[str, AgentTrainer] = {name: runtime.trainer for name, runtime in self.agents.items()}
+        self.trainers: dict[str, Trainer] = {name: runtime.trainer for name, runtime in self.agents.items()}
         self.store, self.workflow, self.task, self.backend = store, workflow, task, backend
         self.sync_weights = sync_weights
         self.on_update_applied = on_update_applied
@@ -369,7 +373,7 @@ class JointOrchestrator:
         """Every agent applies its update, concurrently (each on its own training mesh)."""
         metrics = {}
 
-        def apply(agent: str, trainer: AgentTrainer) -> None:
+        def apply(agent: str, trainer: Trainer) -> None:
             try:
                 if trainer.pending_micro_batches:
                     trainer.activate()  # waiting for a shared slice is not training time

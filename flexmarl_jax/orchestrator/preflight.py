@@ -18,14 +18,14 @@ from collections.abc import Mapping
 
 from flexmarl_jax.config import ConfigError, RunConfig
 from flexmarl_jax.config.memory import check_team_fits
-from flexmarl_jax.models.sources import ModelSource
-from flexmarl_jax.workflows import Task, Workflow
-from flexmarl_jax.workflows.from_config import (
+from flexmarl_jax.config.workflow_from_config import (
     split_task_from_config,
     task_from_config,
     team_agents,
     workflow_from_config,
 )
+from flexmarl_jax.models.sources import ModelSource
+from flexmarl_jax.workflows import Task, Workflow
 from flexmarl_jax.workflows.splits import EVAL_PROBLEMS_SEED, TrainEvalSplit
 
 # Generated tasks make problems on the fly; this many of them stand for the rest in the prompt check. A file's

@@ -24,6 +24,7 @@ import jax
 
 from flexmarl_jax import faults, metrics, workdir_paths
 from flexmarl_jax.config import ConfigError, RunConfig
+from flexmarl_jax.config.workflow_from_config import team_agents
 from flexmarl_jax.distributed.leader import is_leader, leader_value
 from flexmarl_jax.orchestrator.agents import (
     AgentRuntime,
@@ -55,7 +56,6 @@ from flexmarl_jax.transfer import StateStore
 from flexmarl_jax.workdir_paths import orbax_directory
 from flexmarl_jax.workdir_paths import path as workdir_path
 from flexmarl_jax.workflows import Task, Workflow
-from flexmarl_jax.workflows.from_config import team_agents
 from flexmarl_jax.workflows.splits import EVAL_PROBLEMS_SEED
 from flexmarl_jax.workflows.warmup_data import WARMUP_KINDS
 
@@ -78,14 +78,7 @@ class BuiltRun(NamedTuple):
 
 def pipeline_settings(config: RunConfig) -> PipelineSettings:
     """The orchestrator's knobs from a config."""
-    return PipelineSettings(
-        process_count=jax.process_count(), mode=config.pipeline.mode,
-        async_micro_batches=config.pipeline.async_micro_batches,
-        queries_per_iteration=config.workflow.queries_per_iteration,
-        samples_per_query=config.workflow.samples_per_query, micro_batch_size=config.train.micro_batch_size,
-        max_response_length=config.rollout.max_response_length, max_staleness=config.train.max_staleness,
-        seed=config.seed, debug_invariants=config.pipeline.debug_invariants,
-        deterministic=config.pipeline.deterministic, stall_timeout_s=config.run.stall_timeout_s)
+    return PipelineSettings.from_config(config, process_count=jax.process_count())
 
 
 def build_orchestrator(config: RunConfig, *, timeline: metrics.Timeline | None = None,

@@ -30,7 +30,8 @@ import jax
 import numpy as np
 from jax.sharding import Mesh
 
-from flexmarl_jax.orchestrator.allocation import TrainerResidency, TrainingSlicePool
+from flexmarl_jax.orchestrator.allocation import TrainerResidency
+from flexmarl_jax.train.slice_pool import TrainingSlicePool
 from flexmarl_jax.train.trainer import AgentTrainer
 from flexmarl_jax.transfer import StateStore
 from flexmarl_jax.transfer.across_processes import spans_processes

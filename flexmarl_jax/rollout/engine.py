@@ -31,8 +31,8 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec
 from flexmarl_jax.mesh.meshes import make_mesh
 from flexmarl_jax.models import functional
 from flexmarl_jax.models.config import ModelConfig
+from flexmarl_jax.rollout import engine_api
 from flexmarl_jax.rollout.engine_shape import EngineShapeFromConfig
-from flexmarl_jax.rollout.jetstream_compat import engine_api, tokenizer_api, tokenizer_pb2
 from flexmarl_jax.rollout.results import LogProbResultTokens
 from flexmarl_jax.rollout.sampling import sample_tokens
 from flexmarl_jax.rollout.settings import EngineConfig, validate_sampling
@@ -93,7 +93,7 @@ class DecodeState:
     sample_index: jax.Array
 
 
-class FlexTokenizer(tokenizer_api.Tokenizer):
+class FlexTokenizer(engine_api.Tokenizer):
     """Adapts our `Tokenizer` (models/tokenizer.py) to JetStream's tokenizer API for its Driver."""
 
     def __init__(self, tokenizer: Any, engine_config: EngineConfig):
@@ -292,10 +292,10 @@ class FlexEngine(EngineShapeFromConfig, engine_api.Engine):
     def get_prefix_destination_sharding(self) -> Any:
         return self._replicated
 
-    def get_tokenizer(self) -> tokenizer_pb2.TokenizerParameters:
-        return tokenizer_pb2.TokenizerParameters(path=f"flexmarl:{type(self.tokenizer).__name__}", extra_ids=0)
+    def get_tokenizer(self) -> engine_api.TokenizerParameters:
+        return engine_api.TokenizerParameters(path=f"flexmarl:{type(self.tokenizer).__name__}", extra_ids=0)
 
-    def build_tokenizer(self, metadata: tokenizer_pb2.TokenizerParameters) -> FlexTokenizer:
+    def build_tokenizer(self, metadata: engine_api.TokenizerParameters) -> FlexTokenizer:
         return FlexTokenizer(self.tokenizer, self.config)
 
     @property

@@ -1,8 +1,8 @@
 """The one place that imports JetStream (google-jetstream 0.2.2).
 
-Import this module only where JetStream is actually needed: importing it pulls
-in seqio and with it TensorFlow (several seconds), which is why
-`flexmarl_jax.rollout/__init__.py` and the CLI never import it eagerly.
+Import this module only where JetStream is actually needed (the Driver that `flexmarl serve` runs, and its
+tests): importing it pulls in seqio and with it TensorFlow (several seconds). Our engines build on
+`engine_api.py`'s plain types instead; `driver_engine` hands one to JetStream's Driver.
 
 JetStream 0.2.2 has two incompatibilities with current JAX and Python logging practice, both confined to its
 `orchestrator` module (the Driver and the gRPC servicer), which only the server needs. That module is therefore
@@ -16,7 +16,7 @@ not imported here; `load_orchestrator()` imports it on demand and fixes both wit
   put back.
 
 Where JetStream cannot be imported (a machine without it or without TensorFlow), `engine_api`,
-`tokenizer_api` and `tokenizer_pb2` are `engine_api_fallback` (plain base classes with JetStream's field
+`tokenizer_api` and `tokenizer_pb2` are our `rollout/engine_api.py` (plain base classes with JetStream's field
 names), `jetstream_pb2` and `token_utils` are None, `JETSTREAM_AVAILABLE` is False and `load_orchestrator`
 raises the import error.
 
@@ -36,6 +36,7 @@ import sys
 import tempfile
 import types
 from collections.abc import Iterator
+from typing import Any
 
 import jax
 from absl import logging as absl_logging
@@ -89,7 +90,7 @@ try:
 except ImportError as error:
     # No JetStream (or no TensorFlow under it): the engine and the in-process loop still work on plain base
     # classes; only the Driver path (orchestrator, jetstream_pb2, token_utils) is unavailable.
-    from flexmarl_jax.rollout import engine_api_fallback as engine_api  # noqa: E402
+    from flexmarl_jax.rollout import engine_api  # noqa: E402
 
     tokenizer_api = tokenizer_pb2 = engine_api  # the fallback module holds the names of all three
     jetstream_pb2 = jetstream_pb2_grpc = token_utils = None
@@ -105,6 +106,48 @@ class _JaxWithTreeMap(types.ModuleType):
 
     def __getattr__(self, name: str):
         return getattr(jax, name)
+
+
+def driver_engine(engine: Any) -> Any:
+    """`engine` (a `FlexEngine` or `EmulatedEngine`) as JetStream's Driver drives it: a JetStream `Engine` whose
+    every call is the engine's own, except that `generate` returns JetStream's `ResultTokens` (the Driver's
+    detokenize thread tells results from slot updates by that type; the log-prob columns it does not read stay
+    in `data`)."""
+    return _DriverEngine(engine)
+
+
+def _delegated_method(name: str):
+    def method(self, *args, **kwargs):
+        return getattr(self.engine, name)(*args, **kwargs)
+
+    method.__name__ = name
+    return method
+
+
+def _delegated_property(name: str):
+    return property(lambda self: getattr(self.engine, name))
+
+
+class _DriverEngine(engine_api.Engine):
+    def __init__(self, engine: Any):
+        self.engine = engine
+
+    def __getattr__(self, name: str):  # what the Engine API does not declare (config, tokenizer, warm_up, ...)
+        return getattr(self.engine, name)
+
+    def generate(self, params: Any, decode_state: Any):
+        decode_state, result = self.engine.generate(params, decode_state)
+        return decode_state, engine_api.ResultTokens(
+            data=result.data, tokens_idx=result.tokens_idx, valid_idx=result.valid_idx,
+            length_idx=result.length_idx, samples_per_slot=result.samples_per_slot)
+
+
+for _name in sorted(getattr(engine_api.Engine, "__abstractmethods__", ())):
+    if _name != "generate":
+        _static = getattr(engine_api.Engine, _name)
+        setattr(_DriverEngine, _name,
+                _delegated_property(_name) if isinstance(_static, property) else _delegated_method(_name))
+_DriverEngine.__abstractmethods__ = frozenset()
 
 
 def load_orchestrator() -> types.ModuleType:
@@ -126,6 +169,7 @@ def load_orchestrator() -> types.ModuleType:
 __all__ = [
     "JETSTREAM_AVAILABLE",
     "JETSTREAM_IMPORT_ERROR",
+    "driver_engine",
     "engine_api",
     "jetstream_pb2",
     "jetstream_pb2_grpc",

@@ -16,7 +16,7 @@ import jax.numpy as jnp
 import numpy as np
 from flax import struct
 
-from flexmarl_jax.rollout.jetstream_compat import engine_api
+from flexmarl_jax.rollout import engine_api
 
 
 @dataclasses.dataclass(frozen=True)

@@ -95,12 +95,12 @@ class TeamChat:
     def __init__(self, agents: dict[str, ServedAgent], run: Any):
         import jax
 
+        from flexmarl_jax.config.workflow_from_config import workflow_from_config
         from flexmarl_jax.mesh.meshes import make_mesh
         from flexmarl_jax.rollout.backend import EngineBackend
         from flexmarl_jax.rollout.instance import EngineInstance
         from flexmarl_jax.serve.served_agent import check_jetstream_shapes
         from flexmarl_jax.workflows import SamplingParams, WorkflowExecutor
-        from flexmarl_jax.workflows.from_config import workflow_from_config
 
         self.run = run
         chat_models = all(getattr(agent.tokenizer, "chat_template", None) is not None for agent in agents.values())
@@ -124,7 +124,7 @@ class TeamChat:
 
     @classmethod
     def load(cls, workdir: str, *, version: int | None = None) -> TeamChat:
-        from flexmarl_jax.workflows.from_config import team_agents
+        from flexmarl_jax.config.workflow_from_config import team_agents
 
         run = read_run(workdir)
         agents = {name: load_agent(workdir, name, version=version, run=run) for name in team_agents(run.workflow)}

@@ -41,7 +41,7 @@ class ServedAgent:
 
 def read_run(workdir: str):
     """The run's `RunConfig`; ServeError when WORKDIR holds no valid config.json."""
-    from flexmarl_jax.cli.export import ExportError, read_run_config
+    from flexmarl_jax.orchestrator.export import ExportError, read_run_config
 
     try:
         return read_run_config(workdir)
@@ -55,7 +55,7 @@ def load_agent(workdir: str, agent: str, *, version: int | None = None, run=None
     Raises ServeError for an unknown agent (naming the run's agents), a version that was not saved (naming the
     saved ones), or a checkpoint that no longer matches the agent's model.
     """
-    from flexmarl_jax.cli.export import ExportError, agent_source, restore_matching_policy, saved_checkpoints
+    from flexmarl_jax.orchestrator.export import ExportError, agent_source, restore_matching_policy, saved_checkpoints
 
     run = read_run(workdir) if run is None else run
     try:

@@ -24,7 +24,7 @@ from typing import Any
 
 import grpc
 
-from flexmarl_jax.rollout.jetstream_compat import jetstream_pb2_grpc
+from flexmarl_jax.rollout.jetstream_compat import driver_engine, jetstream_pb2_grpc
 from flexmarl_jax.serve.request_checks import RequestLimits
 from flexmarl_jax.serve.served_agent import ServeError
 from flexmarl_jax.serve.servicer import CheckedOrchestrator, orchestrator
@@ -84,8 +84,9 @@ def agent_metrics_collector(agent: str) -> Any:
 async def start_endpoint(agent: PreparedAgent, *, host: str, port: int, metrics: bool = False) -> Endpoint:
     """Starts a Driver over ``agent.engine`` and a gRPC server for it on host:port (0: a free port)."""
     engine = agent.engine
+    driven = driver_engine(engine)
     driver = orchestrator.Driver(
-        prefill_engines=[engine], generate_engines=[engine], prefill_params=[agent.params],
+        prefill_engines=[driven], generate_engines=[driven], prefill_params=[agent.params],
         generate_params=[agent.params], interleaved_mode=True,
         metrics_collector=agent_metrics_collector(agent.name) if metrics else None)
     try:

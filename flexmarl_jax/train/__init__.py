@@ -2,7 +2,8 @@
 
 Public names are imported lazily (this package is JAX-heavy; `import flexmarl_jax.train` stays cheap):
 
-    AgentTrainer, TrainerConfig        trainer.py   sharded params/opt state, accumulate(), apply()
+    AgentTrainer                       trainer.py   sharded params/opt state, accumulate(), apply() (steps.py)
+    TrainerConfig                      trainer_config.py  a trainer's static settings
     MicroBatch, build_micro_batch,     batch.py     static-shape micro-batches from store rows
     build_iteration, validate_micro_batch
     IterationNormalizers               normalizers.py  iteration-wide counts fixed before dispatch
@@ -19,7 +20,7 @@ Public names are imported lazily (this package is JAX-heavy; `import flexmarl_ja
 import importlib
 
 _EXPORTS = {
-    "AgentTrainer": "trainer", "TrainerConfig": "trainer",
+    "AgentTrainer": "trainer", "TrainerConfig": "trainer_config",
     "MicroBatch": "batch", "build_micro_batch": "batch", "build_iteration": "batch",
     "validate_micro_batch": "batch",
     "IterationNormalizers": "normalizers",

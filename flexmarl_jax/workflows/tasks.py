@@ -258,10 +258,9 @@ def register_task(name: str) -> Callable[[Callable[..., Task]], Callable[..., Ta
 
 def build_task(name: str, **kwargs: Any) -> Task:
     """A task by registry name ("arithmetic", "countdown", "reverse", "jsonl") with its knobs as kwargs."""
-    if name == "jsonl":
-        from flexmarl_jax.workflows import dataset  # noqa: F401  (registers "jsonl")
+    # "jsonl" and "word_problems" register themselves (dataset.py, word_problems.py); the package imports both.
     if name not in TASK_BUILDERS:
-        raise ValueError(f"unknown task {name!r}; allowed: {sorted(set(TASK_BUILDERS) | {'jsonl'})}")
+        raise ValueError(f"unknown task {name!r}; allowed: {sorted(TASK_BUILDERS)}")
     builder = TASK_BUILDERS[name]
     fields = (
         {field.name for field in dataclasses.fields(builder)} if dataclasses.is_dataclass(builder) else None

@@ -189,7 +189,7 @@ def test_task_options_belong_to_their_task():
 
 @pytest.mark.parametrize("task", ["countdown", "reverse", "arithmetic"])
 def test_switching_the_task_uses_that_tasks_own_options(task):
-    from flexmarl_jax.workflows.from_config import task_from_config
+    from flexmarl_jax.config.workflow_from_config import task_from_config
 
     config = _build(overrides={"workflow.task": task})
     built = task_from_config(config.workflow)
@@ -199,7 +199,7 @@ def test_switching_the_task_uses_that_tasks_own_options(task):
 
 
 def test_switching_the_task_to_a_jsonl_file(tmp_path):
-    from flexmarl_jax.workflows.from_config import task_from_config
+    from flexmarl_jax.config.workflow_from_config import task_from_config
 
     path = tmp_path / "sums.jsonl"
     path.write_text('{"prompt": "1+2=", "answer": "3"}\n')
@@ -213,7 +213,7 @@ def test_switching_the_task_to_a_jsonl_file(tmp_path):
 
 
 def test_shared_roles_make_one_agent():
-    from flexmarl_jax.workflows.from_config import team_agents, workflow_from_config
+    from flexmarl_jax.config.workflow_from_config import team_agents, workflow_from_config
 
     config = _build("configs/debate.py:shared")
     assert team_agents(config.workflow) == ("debater", "debater2")

@@ -16,6 +16,7 @@ from flexmarl_jax.config import ConfigError, PipelineConfig, RolloutConfig, RunC
 from flexmarl_jax.emulation import CostModel, get_chip, get_link
 from flexmarl_jax.models.presets import get_preset
 from flexmarl_jax.orchestrator.run import build_orchestrator
+from flexmarl_jax.train.protocol import Trainer
 
 COMPRESSION = 2.5
 QUERIES, SAMPLES, MICRO_BATCH = 4, 4, 8
@@ -64,6 +65,7 @@ def test_an_emulated_run_takes_the_cost_models_time_and_keeps_rows_and_versions_
         assert all(instance.policy_version == 2 for instance in runtime.instances)
 
     for agent, runtime in agents.items():
+        assert isinstance(runtime.trainer, Trainer)  # what the orchestrator types against
         charges = runtime.trainer.charges
         micro = [c for c in charges if c.kind == "micro_batch"]
         # Rows: what the trainer was charged for is what the records say it consumed, and the store agrees.

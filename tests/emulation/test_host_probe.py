@@ -22,9 +22,9 @@ def test_the_host_probe_measures_a_cpu():
 def test_the_program_probe_measures_a_real_engine_and_trainer_and_how_they_slow_each_other():
     """`probe_programs` on the smoke config: per-call costs of a CPU's order, an MFU in (0, 1], and both
     contention factors above 1 (engine and trainer share this host's two cores; unclipped ratios)."""
+    from flexmarl_benchmarks._program_probe import probe_programs
     from flexmarl_jax.config import RunConfig, apply_overrides
     from flexmarl_jax.configs import tiny
-    from flexmarl_jax.emulation.host_probe import probe_programs
 
     config = RunConfig.from_config(apply_overrides(tiny.get_config("smoke"), {"workdir": "/unused"}))
     costs = probe_programs(config, probe_host(matmul_rows=256, bandwidth_bytes=8 << 20), train_calls=3)

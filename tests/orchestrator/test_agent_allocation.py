@@ -18,6 +18,7 @@ from flexmarl_jax.orchestrator.weight_sync import StoreWeightSync
 from flexmarl_jax.store import ExperienceStore
 from flexmarl_jax.train.algorithms import loss_config_for
 from flexmarl_jax.train.optim import OptimizerConfig
+from flexmarl_jax.train.protocol import Trainer
 from flexmarl_jax.transfer import StateStore
 from flexmarl_jax.workflows import ArithmeticTask, ScriptedAgent, ScriptedBackend, build_workflow
 from flexmarl_jax.workflows.oracles import PromptOracle, answer_policy
@@ -57,6 +58,8 @@ def build(num_slices: int, *, latency=None):
                                     trainer_overrides={"optimizer": OPTIMIZER})
     timeline = Timeline()
     training, runtimes = pool_training(runtimes, meshes[:num_slices], acquire_timeout=60, clock=timeline.now)
+    # The orchestrator types against the Trainer protocol: pooled stand-ins and dedicated trainers both fit it.
+    assert all(isinstance(runtime.trainer, Trainer) for runtime in runtimes.values())
     task = ArithmeticTask(max_digits=1, operators="+")
     oracle = PromptOracle([p for s in range(200) for p in task.generate(QUERIES, seed=s)])
     tokenizer = CharTokenizer()

@@ -11,7 +11,8 @@ import pytest
 from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
-from flexmarl_jax.orchestrator.allocation import TrainerResidency, TrainingSlicePool
+from flexmarl_jax.orchestrator.allocation import TrainerResidency
+from flexmarl_jax.train.slice_pool import TrainingSlicePool
 from flexmarl_jax.transfer import StateStore
 
 AGENTS = ("solver", "verifier", "corrector", "summarizer")

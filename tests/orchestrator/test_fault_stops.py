@@ -131,7 +131,7 @@ def test_faults_before_the_first_iteration_stop_cleanly_and_the_workdir_resumes(
     assert main(train) == 0  # the cut warm-up save is deleted and redone; then the run's one iteration
     assert [record["iteration"] for record in iteration_records(workdir)] == [0]
     from flexmarl_jax.config import RunConfig, load_config
-    from flexmarl_jax.workflows.from_config import workflow_from_config
+    from flexmarl_jax.config.workflow_from_config import workflow_from_config
 
     config = RunConfig.from_config(load_config("configs/tiny.py:smoke"))
     samples = config.workflow.queries_per_iteration * config.workflow.samples_per_query

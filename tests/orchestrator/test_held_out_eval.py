@@ -16,9 +16,9 @@ import pytest
 
 from flexmarl_jax.cli.main import main
 from flexmarl_jax.config import RunConfig, apply_overrides, load_config
+from flexmarl_jax.config.workflow_from_config import split_task_from_config, task_from_config
 from flexmarl_jax.models.tokenizer import CharTokenizer
 from flexmarl_jax.workflows import WorkflowExecutor
-from flexmarl_jax.workflows.from_config import split_task_from_config, task_from_config
 from flexmarl_jax.workflows.splits import EVAL_PROBLEMS_SEED
 from flexmarl_jax.workflows.warmup_data import warmup_problems
 

@@ -8,7 +8,13 @@ import sys
 
 import pytest
 
-from flexmarl_jax.rollout.jetstream_compat import engine_api, jetstream_pb2, load_orchestrator, token_utils
+from flexmarl_jax.rollout.jetstream_compat import (
+    driver_engine,
+    engine_api,
+    jetstream_pb2,
+    load_orchestrator,
+    token_utils,
+)
 from flexmarl_jax.rollout.loop import RolloutLoop, RolloutRequest
 
 orchestrator = load_orchestrator()
@@ -32,8 +38,9 @@ def test_driver_returns_the_in_process_loops_greedy_tokens(engine, tiny_model):
     in_process = RolloutLoop(engine, tiny_model.params).generate(
         [RolloutRequest(tuple(tiny_model.tokenizer.encode(t)), max_new_tokens=max_tokens) for t in texts]
     )
+    driven = driver_engine(engine)
     driver = orchestrator.Driver(
-        prefill_engines=[engine], generate_engines=[engine], prefill_params=[tiny_model.params],
+        prefill_engines=[driven], generate_engines=[driven], prefill_params=[tiny_model.params],
         generate_params=[tiny_model.params], interleaved_mode=True,
     )
     server = orchestrator.LLMOrchestrator(driver=driver)
@@ -58,14 +65,18 @@ def test_driver_returns_the_in_process_loops_greedy_tokens(engine, tiny_model):
 def test_result_tokens_with_logprobs_work_with_jetstream_helpers(engine, tiny_model):
     from flexmarl_jax.rollout.engine import pad_prompt
 
-    state = engine.init_decode_state()
     padded, length = pad_prompt(tiny_model.tokenizer.encode("hi"), engine.config, 0)
-    prefix = engine.prefill(params=tiny_model.params, padded_tokens=padded, true_length=length)
-    state = engine.insert(prefix, state, slot=5)
-    state, result = engine.generate(tiny_model.params, state)
+
+    def one_step(engine):
+        prefix = engine.prefill(params=tiny_model.params, padded_tokens=padded, true_length=length)
+        state = engine.insert(prefix, engine.init_decode_state(), slot=5)
+        return engine.generate(tiny_model.params, state)[1]
+
+    slot = one_step(engine).convert_to_numpy().get_result_at_slot(5)  # ours: with the log-probs
+    result = one_step(driver_engine(engine))  # the Driver's: JetStream's own type, which its threads check for
     assert isinstance(result, engine_api.ResultTokens)
+    assert driver_engine(engine).max_concurrent_decodes == engine.max_concurrent_decodes  # delegated properties
     host = result.convert_to_numpy()
-    slot = host.get_result_at_slot(5)
     samples, complete = token_utils.process_result_tokens(
         tokenizer=engine.build_tokenizer(engine.get_tokenizer()), slot=5, slot_max_length=4, result_tokens=host,
         complete=__import__("numpy").zeros((1,), bool), is_client_side_tokenization=True,

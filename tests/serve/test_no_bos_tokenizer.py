@@ -27,6 +27,7 @@ def test_token_and_text_content_without_bos_match_in_process_generation():
     from jetstream.core.proto import jetstream_pb2
 
     from flexmarl_jax.rollout.engine import FlexEngine
+    from flexmarl_jax.rollout.jetstream_compat import driver_engine
     from flexmarl_jax.rollout.loop import RolloutLoop, RolloutRequest
     from flexmarl_jax.rollout.settings import EngineConfig
     from flexmarl_jax.serve.request_checks import RequestLimits
@@ -45,7 +46,8 @@ def test_token_and_text_content_without_bos_match_in_process_generation():
         (result,) = RolloutLoop(engine, model.params).generate(
             [RolloutRequest(tuple(tokenizer.encode(text)), max_new_tokens=6)])[0]
         want.append([token for token in result.token_ids if token not in tokenizer.stop_ids])
-    driver = orchestrator.Driver(prefill_engines=[engine], generate_engines=[engine], prefill_params=[model.params],
+    driven = driver_engine(engine)
+    driver = orchestrator.Driver(prefill_engines=[driven], generate_engines=[driven], prefill_params=[model.params],
                                  generate_params=[model.params], interleaved_mode=True)
     servicer = CheckedOrchestrator(driver, tokenizer, limits)
 

@@ -1,10 +1,10 @@
-"""Plain stand-ins for the JetStream Engine API types our engine builds on, used when JetStream cannot be
-imported (e.g. a GPU machine without TensorFlow, which JetStream 0.2.2 pulls in through seqio).
+"""The Engine API types our engines implement, with JetStream 0.2.2's names and packing, without JetStream.
 
-`jetstream_compat` exposes this module as `engine_api`, `tokenizer_api` and `tokenizer_pb2` in that case, so
-`FlexEngine`, `FlexTokenizer` and `LogProbResultTokens` keep one definition. Only what our code and the
-JetStream Driver read is here, with JetStream 0.2.2's field names and packing: `ResultTokens` keeps tokens,
-validity and lengths in one int32 array so a step's results reach the host in a single copy.
+JetStream pulls in seqio and with it TensorFlow (about 4 s per process), so the engines, the rollout loop and
+everything that trains build on these plain types; only the JetStream Driver path imports JetStream
+(`jetstream_compat.driver_engine` wraps an engine so the Driver sees JetStream's own result type). Only what our
+code and the Driver read is here: `ResultTokens` keeps tokens, validity and lengths in one int32 array so a
+step's results reach the host in a single copy.
 """
 
 from __future__ import annotations
@@ -54,11 +54,11 @@ class ResultTokens:
 
 
 class Engine(abc.ABC):  # noqa: B024  (a base class by role: FlexEngine implements the whole API)
-    """The base of `FlexEngine` without JetStream: prefill / insert / generate and their settings."""
+    """The base of `FlexEngine` and `EmulatedEngine`: prefill / insert / generate and their settings."""
 
 
 class Tokenizer(abc.ABC):  # noqa: B024
-    """The base of `FlexTokenizer` without JetStream: encode / decode / pad_id / eos_id / bos_id / stop_tokens."""
+    """The base of `FlexTokenizer`: encode / decode / pad_id / eos_id / bos_id / stop_tokens."""
 
 
 @dataclasses.dataclass(frozen=True)
