@@ -1,4 +1,4 @@
-"""flexmarl_jax/bench/faults.py: seeded trial plans, the per-type summary, bad flags, and a small end-to-end bench
+"""flexmarl_benchmarks/faults.py: seeded trial plans, the per-type summary, bad flags, and a small end-to-end bench
 (one trial of two fault types at tiny size: the JSON keys and the zero-loss invariants; no timing asserts)."""
 
 import json
@@ -7,8 +7,8 @@ import sys
 
 import pytest
 
-from flexmarl_jax.bench import _fault_trials as trials_lib
-from flexmarl_jax.bench import faults as bench
+from flexmarl_benchmarks import _fault_trials as trials_lib
+from flexmarl_benchmarks import faults as bench
 
 ISSUE_KEYS = {"trials", "recovered_in_run", "stopped_cleanly", "hangs", "lost_rows", "double_trained_rows",
               "max_seconds_to_detect"}
@@ -65,7 +65,7 @@ def test_bad_flags_are_refused_naming_the_allowed_values(capsys):
 def test_one_trial_of_two_fault_types_recovers_or_stops_and_loses_nothing(tmp_path):
     out = tmp_path / "faults.json"
     completed = subprocess.run(
-        [sys.executable, "-m", "flexmarl_jax.bench.faults", "--types", "trainer_error,store_commit", "--trials", "1",
+        [sys.executable, "-m", "flexmarl_benchmarks.faults", "--types", "trainer_error,store_commit", "--trials", "1",
          "--seed", "3", "--set", "iterations=2", "--set", "eval.enabled=false", "--set", "workflow.warmup_steps=0",
          "--json", str(out)],
         capture_output=True, text=True, check=False)

@@ -1,4 +1,4 @@
-"""flexmarl_jax/bench/learning.py: the three runs' configs, the comparisons, and a small end-to-end run (JSON
+"""flexmarl_benchmarks/learning.py: the three runs' configs, the comparisons, and a small end-to-end run (JSON
 structure and invariants of the budgeted curves; no accuracy or speed asserts)."""
 
 import json
@@ -7,7 +7,7 @@ import sys
 
 import pytest
 
-from flexmarl_jax.bench import learning
+from flexmarl_benchmarks import learning
 
 
 def test_runs_differ_from_the_default_only_where_they_say(tmp_path):
@@ -82,7 +82,7 @@ def test_a_small_budgeted_comparison_reports_curves_in_rl_time(tmp_path):
     out = tmp_path / "learning.json"
     budget = 2.0
     completed = subprocess.run(
-        [sys.executable, "-m", "flexmarl_jax.bench.learning", "--smoke", "--budget-s", str(budget),
+        [sys.executable, "-m", "flexmarl_benchmarks.learning", "--smoke", "--budget-s", str(budget),
          "--eval-every-s", "1", "--runs", "team_flexmarl,solver_alone", "--json", str(out)],
         capture_output=True, text=True, check=False)
     assert completed.returncode == 0, completed.stderr[-3000:]

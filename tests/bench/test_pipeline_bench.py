@@ -1,4 +1,4 @@
-"""flexmarl_jax/bench/pipeline.py: the workload shaping, the store timing proxy, the accounting, and a very
+"""benchmarks/flexmarl_benchmarks/pipeline.py: the workload shaping, the store timing proxy, the accounting, and a very
 small end-to-end run of every mode (JSON structure and invariants; no speed asserts)."""
 
 import concurrent.futures
@@ -11,7 +11,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from flexmarl_jax.bench import pipeline
+from flexmarl_benchmarks import pipeline
 from flexmarl_jax.workflows.generation import Completion, GenerationRequest, SamplingParams
 
 

@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from flexmarl_jax.bench import pipeline
+from flexmarl_benchmarks import pipeline
 
 
 @pytest.mark.timeout(300)

@@ -1,4 +1,4 @@
-"""flexmarl_jax/bench/realshape.py end to end at a toy shape: checkpoint writer, both worker processes, interleaved
+"""flexmarl_benchmarks/realshape.py end to end at a toy shape: checkpoint writer, both worker processes, interleaved
 repeats, every reported key present and positive, ratios consistent with the absolute figures."""
 
 import json
@@ -6,7 +6,8 @@ import math
 
 import pytest
 
-from flexmarl_jax.bench import _roofline, realshape
+from flexmarl_benchmarks import realshape
+from flexmarl_jax.emulation import roofline
 
 PER_SIDE = {"rollout_tokens_per_s": ("ours", "hf"), "train_step_s": ("ours", "torch"), "peak_rss_gb": ("ours", "torch")}
 SCALARS = ("rollout_speedup_vs_hf", "train_speedup_vs_torch")
@@ -57,16 +58,16 @@ def test_tiny_run_reports_every_key(tmp_path):
 
 
 def test_roofline_table_and_model_flops():
-    assert _roofline.device_peaks("cpu") is None and _roofline.device_peaks(None) is None
-    assert _roofline.device_peaks("NVIDIA H200").bandwidth == 4.8e12
-    assert _roofline.device_peaks("NVIDIA H100 80GB HBM3").name == "NVIDIA H100 SXM"
-    assert _roofline.device_peaks("TPU v5 lite").name == "TPU v5e"
+    assert roofline.device_peaks("cpu") is None and roofline.device_peaks(None) is None
+    assert roofline.device_peaks("NVIDIA H200").bandwidth == 4.8e12
+    assert roofline.device_peaks("NVIDIA H100 80GB HBM3").name == "NVIDIA H100 SXM"
+    assert roofline.device_peaks("TPU v5 lite").name == "TPU v5e"
     config = realshape.SHAPES["real"]
     # Qwen2.5-0.5B: 494M parameters, 136M of them the (tied) embedding; every weight but norms/biases is a matmul
-    assert 3.5e8 < _roofline.matmul_weights(config) - config.vocab_size * config.hidden_size < 3.65e8
+    assert 3.5e8 < roofline.matmul_weights(config) - config.vocab_size * config.hidden_size < 3.65e8
     # a train step is 3 forward passes: ~6 FLOPs per weight per token, plus attention
-    flops = _roofline.train_step_flops(config, 4, 256)
-    assert 6 * _roofline.matmul_weights(config) * 1024 < flops < 1.05 * 6 * _roofline.matmul_weights(config) * 1024
+    flops = roofline.train_step_flops(config, 4, 256)
+    assert 6 * roofline.matmul_weights(config) * 1024 < flops < 1.05 * 6 * roofline.matmul_weights(config) * 1024
 
 
 def test_default_dtypes_skip_bfloat16_only_where_a_side_lacks_its_kernels():

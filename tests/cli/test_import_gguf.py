@@ -16,7 +16,7 @@ torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
 pytest.importorskip("accelerate")
 
-from flexmarl_jax.bench.parity import masked_max_abs_diff, our_logits, padded_batch  # noqa: E402
+from flexmarl_benchmarks.parity import masked_max_abs_diff, our_logits, padded_batch  # noqa: E402
 from flexmarl_jax.cli.import_gguf import ImportGGUFError, import_gguf, read_gguf_summary  # noqa: E402
 from flexmarl_jax.cli.main import main  # noqa: E402
 from flexmarl_jax.models.checkpoint import from_pretrained  # noqa: E402

@@ -51,7 +51,7 @@ def test_imported_smollm2_is_the_published_shape_and_tokenizer(smollm2):
 
 
 def test_our_loader_matches_transformers_on_smollm2(smollm2):
-    from flexmarl_jax.bench.parity import hf_logits, masked_max_abs_diff, our_logits, padded_batch
+    from flexmarl_benchmarks.parity import hf_logits, masked_max_abs_diff, our_logits, padded_batch
     from flexmarl_jax.models.checkpoint import from_pretrained
 
     model = from_pretrained(str(smollm2))
@@ -80,7 +80,7 @@ def test_one_iteration_of_the_recipe_at_smoke_size(smollm2, tmp_path, monkeypatc
 
     # The trained solver exported and reloaded in transformers: the same prompts (its chat template), the same
     # greedy tokens as our engine, and accuracies on the run's eval problems next to our own eval's.
-    from flexmarl_jax.bench import export_accuracy
+    from flexmarl_benchmarks import export_accuracy
 
     out = tmp_path / "export_accuracy.json"
     assert export_accuracy.main([str(workdir), "--batch", "2", "--json", str(out)]) == 0

@@ -4,8 +4,8 @@ orchestrator, and bad input is refused in one line naming the value and the choi
 
 import pytest
 
-from flexmarl_jax.bench import emulate
-from flexmarl_jax.bench._emulate_presets import (
+from flexmarl_benchmarks import emulate
+from flexmarl_benchmarks._emulate_presets import (
     CA,
     FLEXMARL_MAX_STALENESS,
     MA,
@@ -37,7 +37,7 @@ def test_headline_figures_are_the_stated_ratios():
 
 def calls_per_agent(config: RunConfig) -> dict[str, int]:
     """How often each agent is called per trajectory, from the workflow the config builds."""
-    from flexmarl_jax.workflows.from_config import workflow_from_config
+    from flexmarl_jax.config.workflow_from_config import workflow_from_config
 
     counts: dict[str, int] = {}
     for node in workflow_from_config(config.workflow).nodes.values():
@@ -113,7 +113,7 @@ def test_emulate_and_set_reach_every_preset():
 
 
 def test_the_calibration_statistic_leaves_out_iterations_that_compiled():
-    from flexmarl_jax.bench._emulate_calibration import steady_median
+    from flexmarl_benchmarks._emulate_calibration import steady_median
 
     # Iterations 2 and 5 met a new shape: most of their seconds are JAX compiling.
     seconds = [0.50, 14.0, 0.60, 0.55, 4.4, 0.58, 0.52]
@@ -126,7 +126,7 @@ def test_the_calibration_statistic_leaves_out_iterations_that_compiled():
 def test_the_calibration_takes_each_probe_figure_as_the_median_of_its_rounds():
     import dataclasses
 
-    from flexmarl_jax.bench._emulate_calibration import median_probe
+    from flexmarl_benchmarks._emulate_calibration import median_probe
     from flexmarl_jax.emulation.chips import Chip
     from flexmarl_jax.emulation.host_probe import ProgramCosts
 

@@ -6,7 +6,7 @@ import pytest
 @pytest.fixture(scope="session")
 def hf_dirs(tmp_path_factory):
     """{"qwen2"|"llama"|"qwen3": dir}: tiny random transformers models saved with save_pretrained."""
-    from flexmarl_jax.bench.parity import build_hf_checkpoint
+    from flexmarl_benchmarks.parity import build_hf_checkpoint
 
     root = tmp_path_factory.mktemp("hf")
     return {

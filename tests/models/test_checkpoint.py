@@ -14,7 +14,7 @@ from flax import nnx
 from safetensors import safe_open
 from safetensors.numpy import save_file
 
-from flexmarl_jax.bench.parity import hf_logits, masked_max_abs_diff, our_logits, padded_batch
+from flexmarl_benchmarks.parity import hf_logits, masked_max_abs_diff, our_logits, padded_batch
 from flexmarl_jax.models import checkpoint
 from flexmarl_jax.models.checkpoint import HF_NAME_TABLE, from_pretrained, hf_name, save_pretrained
 

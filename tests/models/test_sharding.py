@@ -10,7 +10,7 @@ import pytest
 from flax import nnx
 from jax.sharding import PartitionSpec as P
 
-from flexmarl_jax.bench.parity import masked_max_abs_diff, our_logits, padded_batch
+from flexmarl_benchmarks.parity import masked_max_abs_diff, our_logits, padded_batch
 from flexmarl_jax.mesh.meshes import make_mesh
 from flexmarl_jax.models import functional as F
 from flexmarl_jax.models.checkpoint import from_pretrained

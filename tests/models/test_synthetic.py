@@ -11,7 +11,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from tokenizers import Tokenizer as RawTokenizer
 
-from flexmarl_jax.bench.parity import hf_logits, masked_max_abs_diff, our_logits, padded_batch
+from flexmarl_benchmarks.parity import hf_logits, masked_max_abs_diff, our_logits, padded_batch
 from flexmarl_jax.models import synthetic
 from flexmarl_jax.models.checkpoint import from_pretrained, read_hf_config
 from flexmarl_jax.models.tokenizer import HFTokenizer

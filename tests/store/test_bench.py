@@ -4,7 +4,7 @@ import json
 
 import pytest
 
-from flexmarl_jax.bench import store as store_bench
+from flexmarl_benchmarks import store as store_bench
 
 
 @pytest.mark.timeout(120)

@@ -4,7 +4,7 @@ import json
 
 import pytest
 
-from flexmarl_jax.bench import workflows as bench
+from flexmarl_benchmarks import workflows as bench
 
 
 @pytest.mark.timeout(60)

@@ -1,7 +1,7 @@
 """Where the training step's time goes at Qwen2.5-0.5B's shape, ours vs torch: the profile behind
 `flexmarl bench realshape`'s `train_speedup_vs_torch`.
 
-    python benchmarks/realshape_profile.py --json profile.json     (about 8 minutes on 2 cores)
+    flexmarl bench realshape_profile --json profile.json     (about 8 minutes on 2 cores)
 
 Three measurements, float32, 2 threads per side, each side in its own process, medians of 3 after one warm-up:
 
@@ -12,7 +12,7 @@ Three measurements, float32, 2 threads per side, each side in its own process, m
           forward+backward; torch with sdpa and with eager attention; ours also with attention taken out
           (`--no-attention` variant: q * v), which splits the layers' backward into attention and the rest
 
-The step's workload and checkpoint are the bench's own (`flexmarl_jax/bench/realshape.py`).
+The step's workload and checkpoint are the bench's own (`benchmarks/flexmarl_benchmarks/realshape.py`).
 """
 
 from __future__ import annotations
@@ -50,7 +50,7 @@ def _pin() -> None:
 def ours_step(workdir: str) -> dict:
     import jax
 
-    from flexmarl_jax.bench._realshape_ours import OurSide
+    from flexmarl_benchmarks._realshape_ours import OurSide
 
     side = OurSide(os.path.join(workdir, "checkpoint"), workdir, "float32", "highest")
     trainer, batch = side.make_trainer()
@@ -119,7 +119,7 @@ def ours_layers(tokens: np.ndarray, targets: np.ndarray, *, attention: bool) -> 
 
 # ---------------------------------------------------------------------------------------------------- torch
 def torch_step(workdir: str) -> dict:
-    from flexmarl_jax.bench._realshape_torch import TorchSide
+    from flexmarl_benchmarks._realshape_torch import TorchSide
 
     side = TorchSide(os.path.join(workdir, "checkpoint"), workdir, "float32", 2, "highest")
     torch = side.torch
@@ -233,7 +233,7 @@ def main(argv: list[str] | None = None) -> int:
         print(json.dumps(part(args.part, args.workdir)), flush=True)
         return 0
 
-    from flexmarl_jax.bench import realshape
+    from flexmarl_benchmarks import realshape
 
     env = realshape._worker_env()
     result = {}
@@ -247,7 +247,7 @@ def main(argv: list[str] | None = None) -> int:
         realshape.write_train_batch(workload, config.vocab_size, os.path.join(workdir, "train_batch.npz"))
         with open(os.path.join(workdir, "shape.json"), "w") as handle:
             json.dump(config.to_hf_config(), handle)
-        subprocess.run([sys.executable, "-m", "flexmarl_jax.bench._realshape_ours", "write",
+        subprocess.run([sys.executable, "-m", "flexmarl_benchmarks._realshape_ours", "write",
                         os.path.join(workdir, "checkpoint"), "--config-json", os.path.join(workdir, "shape.json")],
                        check=True, env=env)
         for name in PARTS:

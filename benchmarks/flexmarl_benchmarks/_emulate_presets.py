@@ -1,0 +1,168 @@
+"""Workload presets of `flexmarl bench emulate`: multi-agent teams sized like the FlexMARL paper's, on emulated
+chips (`pipeline.emulate`), and the modes each is run in.
+
+A preset is a team (the agents and the workflow that calls them) plus overrides of configs/tiny.py: every knob
+not named here keeps its value and its explanation there. `PAPER_WORKLOAD` holds what both teams share, the
+paper's RL setting: batch 64 per agent (4 queries in flight x 16 samples) trained in micro-batches of 16;
+long-tailed responses (log-normal around a median, capped at 8192 tokens); 4 engine instances of 64 decode
+slots per agent, one chip each; training meshes of 4 chips. The modes add flexmarl's own settings (staleness
+up to Delta = 5, shared training slices) and take them away one at a time. Load is skewed within each team: some
+agents are called several times per trajectory (a repeated role shares one policy), so their engines and
+trainers carry several times the others' rows.
+
+MA (math-agent team, 15 agents): configs/mixture.py with 14 proposers (calls 4, 3, 2 and eleven of 1) and an
+aggregator; Qwen2.5-14B on TPU v5p (one chip per engine instance: 29 GB of weights and ~21 GB of KV cache).
+CA (coding-agent team, 11 agents): a DAG (configs/dag_example.py's builder): a planner; six coders (calls 3, 2
+and four of 1) and three testers (calls 2, 1, 1) working from the plan side by side; a reviewer reading them
+all. Qwen2.5-32B on TPU v5p, two chips per engine instance (its 65 GB of bf16 weights and 64 slots' KV cache
+at a ~1,700-token mean context, ~28 GB, would fill one chip's 95 GB) and eight per training mesh (fp32 Adam
+state of 32B parameters, ~512 GB, needs more than four chips' 380 GB). Three calls deep: plan, write and test,
+review.
+
+`bench emulate --set KEY=VALUE` changes any config key for a run (e.g. a shorter `rollout.max_response_length`
+for a host that cannot drive the full size); the JSON records the overrides that ran.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable, Mapping
+
+import ml_collections
+
+# Both teams: the paper's RL setting, as overrides of configs/tiny.py.
+PAPER_WORKLOAD: dict[str, object] = {
+    "workflow.queries_per_iteration": 4,  # queries in flight
+    "workflow.samples_per_query": 16,  # the GRPO group: 4 x 16 = a batch of 64 per agent call
+    "workflow.warmup_steps": 0,  # no supervised warm-up: scripted tokens carry no content to learn
+    "train.micro_batch_size": 16,
+    "rollout.max_prompt_length": 256,
+    "rollout.max_response_length": 8192,
+    "rollout.instances_per_agent": 4,
+    "rollout.decode_slots": 64,
+    "mesh.rollout_devices_per_instance": 1,
+    "mesh.train_devices_per_agent": 4,
+    "eval.enabled": False,
+    "store.backend": "memory",
+    "pipeline.emulate_median_response": 1024,
+    "pipeline.emulate_compression": 8.0,
+}
+# Shared training slices of the flexmarl mode (agent-centric allocation): 8 slices of 4 chips, 32 chips where the
+# baselines hold 15 x 4 = 60. Sized to the training demand: with 4 slices a first MA run was training-bound
+# (86% busy, E2E 328 device-s against static allocation's 233), the pool the bottleneck, not the pipeline.
+FLEXMARL_TRAIN_SLICES = 8
+FLEXMARL_MAX_STALENESS = 5  # the paper's Delta
+
+
+@dataclasses.dataclass(frozen=True)
+class Preset:
+    """One emulated team: `team` sets its agents and workflow on a configs/tiny.py ConfigDict; `overrides` (dotted
+    config keys) go on top of `PAPER_WORKLOAD`; `iterations` are timed, after one untimed iteration (the first
+    has nothing to overlap with)."""
+
+    name: str
+    team: Callable[[ml_collections.ConfigDict], None]
+    overrides: Mapping[str, object]
+    iterations: int = 2
+
+    def config_dict(self, mode_overrides: Mapping[str, object], *, seed: int, workdir: str,
+                    changes: Mapping[str, object] | None = None) -> ml_collections.ConfigDict:
+        """configs/tiny.py with this team, `PAPER_WORKLOAD`, the preset's overrides, one mode's, then `changes`."""
+        from flexmarl_jax.config import apply_overrides
+        from flexmarl_jax.configs import tiny
+
+        config = tiny.base_config()
+        self.team(config)
+        apply_overrides(config, {"seed": seed, "workdir": workdir, "iterations": 1 + self.iterations,
+                                 **PAPER_WORKLOAD, **self.overrides, **mode_overrides, **(changes or {})})
+        return config
+
+    def modes(self) -> dict[str, dict[str, object]]:
+        """Mode -> config overrides. Serial and sync are on-policy with a training mesh per agent (the baselines);
+        flexmarl adds micro-batch asynchrony, balancing (tiny.py's defaults), staleness and shared training
+        slices; each ablation takes one of those away."""
+        flexmarl = {"pipeline.mode": "flexmarl", "train.max_staleness": FLEXMARL_MAX_STALENESS,
+                    "mesh.train_slices": FLEXMARL_TRAIN_SLICES}
+        return {
+            "serial": {"pipeline.mode": "serial"},
+            "sync": {"pipeline.mode": "sync"},
+            "flexmarl": flexmarl,
+            "no_async": {**flexmarl, "pipeline.async_micro_batches": False},
+            "no_balancing": {**flexmarl, "pipeline.balancing": False},
+            "static_allocation": {**flexmarl, "mesh.train_slices": 0},
+        }
+
+
+def _agents(config: ml_collections.ConfigDict, names) -> None:
+    """`names` as the team's agents (tiny.py's agent settings), each playing the role of its own name."""
+    from flexmarl_jax.configs import tiny
+
+    config.agents = ml_collections.ConfigDict()
+    config.workflow.roles = ml_collections.ConfigDict()
+    for name in names:
+        config.agents[name] = tiny.agent_config()
+        config.workflow.roles[name] = name
+
+
+def repeated(calls: Mapping[str, int]) -> tuple[str, ...]:
+    """Each agent repeated as many times as it is called per trajectory, in order."""
+    return tuple(agent for agent, count in calls.items() for _ in range(count))
+
+
+def mixture_team(proposer_calls: Mapping[str, int]) -> Callable[[ml_collections.ConfigDict], None]:
+    """configs/mixture.py's team with these proposers (each called as often as given) and the aggregator."""
+
+    def team(config: ml_collections.ConfigDict) -> None:
+        from flexmarl_jax.configs import mixture
+
+        mixture_config = mixture.base_config()
+        config.workflow.name = "mixture"
+        config.workflow.options = mixture_config.workflow.options
+        config.workflow.shaping_weights = mixture_config.workflow.shaping_weights
+        config.workflow.options.proposers = repeated(proposer_calls)
+        _agents(config, (*proposer_calls, "aggregator"))
+
+    return team
+
+
+def coding_team(coder_calls: Mapping[str, int],
+                tester_calls: Mapping[str, int]) -> Callable[[ml_collections.ConfigDict], None]:
+    """planner -> (every coder call, every tester call) -> reviewer, as a `dag` workflow (workflows/builtin.py);
+    a repeated agent's calls are separate nodes with their own turns."""
+
+    def team(config: ml_collections.ConfigDict) -> None:
+        workers = [(f"{agent}_{index}", agent) for index, agent in
+                   enumerate(repeated(coder_calls) + repeated(tester_calls))]
+        nodes = [{"agent": "planner", "turn": 0}]
+        nodes += [{"name": name, "agent": agent, "template": "{prompt}{planner}>", "turn": 1 + index}
+                  for index, (name, agent) in enumerate(workers)]
+        nodes.append({"agent": "reviewer", "template": "{prompt}{inputs}?", "turn": 1 + len(workers)})
+        options = ml_collections.ConfigDict()
+        options.nodes = tuple(nodes)
+        options.edges = tuple([("planner", name) for name, _ in workers]
+                              + [(name, "reviewer") for name, _ in workers])
+        options.answer_from = ("reviewer",)
+        options.max_field_chars = 6  # upstream answers cut to this many characters in the reviewer's prompt
+        config.workflow.name = "dag"
+        config.workflow.options = options
+        config.workflow.shaping_weights = ml_collections.ConfigDict({"own_answer_correct": 0.5})
+        _agents(config, ("planner", *coder_calls, *tester_calls, "reviewer"))
+
+    return team
+
+
+MA_PROPOSER_CALLS = {f"proposer{index}": calls for index, calls in enumerate((4, 3, 2) + (1,) * 11)}
+CA_CODER_CALLS = {f"coder{index}": calls for index, calls in enumerate((3, 2, 1, 1, 1, 1))}
+CA_TESTER_CALLS = {"tester0": 2, "tester1": 1, "tester2": 1}
+MA = Preset(name="MA", team=mixture_team(MA_PROPOSER_CALLS), overrides={"pipeline.emulate": "v5p:qwen2.5-14b"})
+CA = Preset(name="CA", team=coding_team(CA_CODER_CALLS, CA_TESTER_CALLS),
+            overrides={"pipeline.emulate": "v5p:qwen2.5-32b", "mesh.rollout_devices_per_instance": 2,
+                       "mesh.train_devices_per_agent": 8})
+PRESETS: dict[str, Preset] = {"MA": MA, "CA": CA}
+# The FlexMARL paper's figures for each preset, printed beside ours (a pair is the paper's range).
+PAPER = {
+    "MA": {"speedup_vs_serial": 7.3, "e2e_increase_without_async": 1.03,
+           "throughput_loss_without_balancing": (0.20, 0.26), "train_utilization": 0.5},
+    "CA": {"speedup_vs_serial": 5.6, "e2e_increase_without_async": 0.58,
+           "throughput_loss_without_balancing": (0.20, 0.26), "train_utilization": 0.5},
+}
