@@ -142,11 +142,13 @@ class _DriverEngine(engine_api.Engine):
             length_idx=result.length_idx, samples_per_slot=result.samples_per_slot)
 
 
-for _name in sorted(getattr(engine_api.Engine, "__abstractmethods__", ())):
-    if _name != "generate":
-        _static = getattr(engine_api.Engine, _name)
-        setattr(_DriverEngine, _name,
-                _delegated_property(_name) if isinstance(_static, property) else _delegated_method(_name))
+# Every member the Engine API declares is the engine's own, its defaults too (JetStream's build_tokenizer would read a
+# SentencePiece file), except `generate`.
+for _name, _static in vars(engine_api.Engine).items():
+    if _name.startswith("_") or _name == "generate" or not (callable(_static) or isinstance(_static, property)):
+        continue
+    setattr(_DriverEngine, _name,
+            _delegated_property(_name) if isinstance(_static, property) else _delegated_method(_name))
 _DriverEngine.__abstractmethods__ = frozenset()
 
 
