@@ -11,8 +11,8 @@ two-step questions in GSM8K's style, a fifth of their contents held out for eval
 answer of each worked solution, and the agents read the natural-language chat role prompts.
 
 Variants (`--config=configs/smollm2_team.py:VARIANT`; several joined by commas, with those of configs/tiny.py):
-  cpu        this 2-core CPU host, float32 (docs/recipes.md has what it costs as measured: over an hour, and
-             its memory grows until the sixth iteration does not fit in 24 GB)
+  cpu        this 2-core CPU host, float32 (docs/recipes.md has what it costs as measured: over an hour on the
+             hosts measured so far)
   cpu_smoke  cpu at the smallest size: one iteration, an eval of 4 problems (tests, CI)
 """
 
