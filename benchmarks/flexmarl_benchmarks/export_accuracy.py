@@ -71,10 +71,10 @@ def run_problems(config, agent: str, limit: int | None):
     from flexmarl_jax.workflows.splits import EVAL_PROBLEMS_SEED
 
     workflow = workflow_from_config(config.workflow, chat_models=True)
-    nodes = [name for name in workflow.roots if workflow.nodes[name].agent == agent]
+    nodes = [name for name in workflow.roots() if workflow.nodes[name].agent == agent]
     if not nodes:
         raise SystemExit(f"flexmarl bench export_accuracy: agent {agent!r} plays no root node of the workflow "
-                         f"(roots: {', '.join(workflow.roots)}); its prompts depend on other agents' responses")
+                         f"(roots: {', '.join(workflow.roots())}); its prompts depend on other agents' responses")
     node = nodes[0]
     task = split_task_from_config(config.workflow, config.eval)
     problems = task.eval_problems(config.eval.problems, seed=EVAL_PROBLEMS_SEED)[:limit]
