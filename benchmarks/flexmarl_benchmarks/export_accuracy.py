@@ -148,18 +148,16 @@ def _until_end(row: list[int], tokenizer, stop_pattern: str) -> list[int]:
     return row
 
 
-def ours_greedy(directory: str, prompt_ids: list[list[int]], *, max_new_tokens: int, stop_pattern: str,
+def ours_greedy(source, prompt_ids: list[list[int]], *, max_new_tokens: int, stop_pattern: str,
                 batch: int, max_prompt_length: int) -> tuple[list[list[int]], dict]:
     """Greedy completions by our engine and rollout loop with `batch` slots (timing after a warm-up batch)."""
     import jax
 
     from flexmarl_jax.mesh.meshes import make_mesh
-    from flexmarl_jax.models.sources import resolve_model
     from flexmarl_jax.rollout.engine import FlexEngine, SlotSampling
     from flexmarl_jax.rollout.loop import RolloutLoop, RolloutRequest
     from flexmarl_jax.rollout.settings import EngineConfig
 
-    source = resolve_model(directory)
     mesh = make_mesh(jax.devices()[:1], fsdp=1)
     graphdef, params = source.initial_weights(mesh=mesh)
     engine_config = EngineConfig(max_concurrent_decodes=batch, max_prefill_length=max_prompt_length,
@@ -218,10 +216,11 @@ def main(argv: Sequence[str] | None = None) -> int:
                 from flexmarl_jax.models.sources import resolve_model
                 from flexmarl_jax.rollout.backend import encode_prompt
 
-                ours_ids = [encode_prompt(resolve_model(directory).tokenizer, p) for p in prompts]
+                source = resolve_model(directory)  # our loader's view of the export: tokenizer, then weights
+                ours_ids = [encode_prompt(source.tokenizer, p) for p in prompts]
                 result["prompt_ids_equal"] = ours_ids == prompt_ids
                 if not args.no_speed:
-                    ours_completions, ours_timing = ours_greedy(directory, prompt_ids, **generation,
+                    ours_completions, ours_timing = ours_greedy(source, prompt_ids, **generation,
                                                                 max_prompt_length=config.rollout.max_prompt_length)
                     result["greedy_tokens_equal_fraction"] = sum(
                         a == b for a, b in zip(ours_completions, completions, strict=True)) / len(completions)
