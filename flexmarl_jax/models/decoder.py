@@ -76,9 +76,13 @@ class DecoderLM(nnx.Module):
                 logical_axes=("embed", "vocab"),
             )
 
-    def __call__(self, tokens, positions, mask, cache=None, decode: bool = False, remat: bool = False):
+    def __call__(self, tokens, positions, mask, cache=None, decode: bool = False, remat: bool = False,
+                 logits_at=None):
         """tokens/positions [B, T]; mask [B, T, S] bool (query t may see key s).
 
+        logits_at [B] int (optional): compute the logits of that one position of each row only ([B, 1, V]); a
+        prefill needs just its last prompt token's, and the vocabulary projection of every other position
+        would be a fifth of a small model's prefill work.
         remat (training, no cache): keep only each layer's input for the backward pass and recompute the
         layer's inside from it, so activation memory holds one layer's intermediates instead of all.
         Returns (logits [B, T, V] float32, cache).
@@ -91,6 +95,8 @@ class DecoderLM(nnx.Module):
                 x = _rematerialised(layer, x, positions, mask)
             else:
                 x, cache = layer(x, positions, mask, cache, index, decode)
+        if logits_at is not None:
+            x = jnp.take_along_axis(x, logits_at.astype(jnp.int32)[:, None, None], axis=1)
         x = self.final_norm(x)
         if self.config.tie_word_embeddings:
             logits = self.embed.attend(x)

@@ -124,12 +124,13 @@ def init_cache(
     return {"k": zeros(), "v": zeros()}
 
 
-def prefill(graphdef, params, tokens, attention_mask, cache):
+def prefill(graphdef, params, tokens, attention_mask, cache, *, logits_at=None):
     """Runs a right-padded prompt batch and writes cache rows 0..T-1.
 
     tokens/attention_mask [B, T] (real tokens left-aligned), positions are 0..T-1; needs S >= T.
     Returns (logits [B, T, V] float32, cache). The logits of row b's last real token,
     ``logits[b, length_b - 1]``, predict its first generated token, decoded at position length_b.
+    With `logits_at` [B], the logits of that position of each row only: [B, 1, V].
     """
     batch, length = tokens.shape
     cache_len = cache["k"].shape[2]
@@ -137,14 +138,15 @@ def prefill(graphdef, params, tokens, attention_mask, cache):
         raise ValueError(f"prefill length {length} exceeds the cache length {cache_len}")
     positions = jnp.broadcast_to(jnp.arange(length, dtype=jnp.int32), (batch, length))
     model = nnx.merge(graphdef, params)
-    return model(tokens, positions, causal_padding_mask(attention_mask), cache)
+    return model(tokens, positions, causal_padding_mask(attention_mask), cache, logits_at=logits_at)
 
 
 def decode_step(graphdef, params, tokens, positions, cache):
     """One token per slot: tokens/positions [B] int32 -> (logits [B, V] float32, cache).
 
     Writes k/v at ``positions[b]`` of row b, then attends to cache entries j <= positions[b];
-    slots at different lengths share the batch.
+    slots at different lengths share the batch. B may be fewer than the cache's rows: the step is then for
+    its leading B rows, and the others are neither read nor written.
     """
     cache_len = cache["k"].shape[2]
     positions = positions.astype(jnp.int32)

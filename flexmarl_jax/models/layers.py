@@ -142,8 +142,9 @@ class Attention(nnx.Module):
                     cache[name] = (
                         cache[name].at[layer_index, rows, write].set(new[:, 0].astype(cache[name].dtype))
                     )
-                k = cache["k"][layer_index].astype(x.dtype)
-                v = cache["v"][layer_index].astype(x.dtype)
+                # The batch may be the cache's leading rows only (the engine steps a slot bucket): read just those.
+                k = cache["k"][layer_index, : x.shape[0]].astype(x.dtype)
+                v = cache["v"][layer_index, : x.shape[0]].astype(x.dtype)
             else:
                 for name, new in (("k", k), ("v", v)):
                     cache[name] = jax.lax.dynamic_update_slice(

@@ -12,7 +12,8 @@ token after it. So the first `generate` after `insert` emits the first new token
 exactly as JetStream's Driver expects.
 
 Compiles stay bounded: prefill and insert compile once per (prompt-length bucket,
-prefill batch size), generate compiles once. Sampling settings, seeds and slot indices are traced values.
+prefill batch size), generate once per slot bucket (the leading slots it steps). Sampling settings,
+seeds and slot indices are traced values.
 Per-slot randomness is `fold_in(key(seed, sample_index), tokens_generated)`, so a
 sequence's tokens do not depend on which slot it landed in or who else is decoding.
 """
@@ -52,6 +53,8 @@ class SlotSampling:
 
 
 GREEDY = SlotSampling()
+# The smallest number of leading slots one generate steps (see FlexEngine.slot_bucket).
+MIN_SLOT_BUCKET = 4
 
 
 @struct.dataclass
@@ -182,7 +185,9 @@ class FlexEngine(EngineShapeFromConfig, engine_api.Engine):
         self._prefill_jit = jax.jit(self._prefill_impl)
         # Donating the decode state lets XLA update the KV cache in place.
         self._insert_jit = jax.jit(self._insert_impl, donate_argnums=(1,))
-        self._generate_jit = jax.jit(self._generate_impl, donate_argnums=(1,))
+        # `live` (static) is the number of leading slots stepped: one compile per slot bucket.
+        self._generate_jit = jax.jit(self._generate_impl, donate_argnums=(1,), static_argnums=(2,))
+        self._move_jit = jax.jit(self._move_impl, donate_argnums=(0,))
         cache_sharding = functional.cache_shardings(
             self._mesh, engine_config.max_concurrent_decodes, model_config, engine_config.cache_length
         )
@@ -282,9 +287,46 @@ class FlexEngine(EngineShapeFromConfig, engine_api.Engine):
         row_vector[: len(slots)] = rows
         return self._insert_jit(prefix, decode_state, slot_vector, index_vector, row_vector)
 
-    def generate(self, params: Any, decode_state: DecodeState) -> tuple[DecodeState, LogProbResultTokens]:
-        """One token for every slot (inactive slots compute garbage that callers ignore)."""
-        return self._generate_jit(params, decode_state)
+    def generate(self, params: Any, decode_state: DecodeState, live_slots: int | None = None
+                 ) -> tuple[DecodeState, LogProbResultTokens]:
+        """One token for every slot (inactive slots compute garbage that callers ignore).
+
+        `live_slots` (our extension): every occupied slot is below it, so only the leading slots need a
+        step. The engine steps the smallest slot bucket that covers it (`slot_bucket`); the result still
+        has a row per slot, invalid past the bucket. A step costs about linearly in the slots stepped on a
+        CPU, so a tail of a few sequences no longer pays for all of them.
+        """
+        return self._generate_jit(params, decode_state, self.slot_bucket(live_slots))
+
+    def move_slots(self, decode_state: DecodeState, sources, destinations) -> DecodeState:
+        """Moves what slots `sources` hold into the free slots `destinations` (our extension). The loop moves
+        its last occupied slots into free ones below them when that lets `generate` step a smaller slot bucket.
+        A slot's random stream does not depend on its place, so a moved sequence samples exactly as it would
+        have stayed."""
+        sources, destinations = [int(s) for s in sources], [int(d) for d in destinations]
+        size = self.max_concurrent_decodes
+        if (len(sources) != len(destinations) or len(set(sources + destinations)) != 2 * len(sources)
+                or not all(0 <= s < size for s in sources + destinations)):
+            raise ValueError(f"sources {sources} and destinations {destinations} must be equally many distinct "
+                             f"slots in [0, {size})")
+        # Fixed-size vectors (unused entries past the end) keep one compile whatever the number of moves.
+        source_vector = np.full((size,), size, np.int32)
+        destination_vector = np.full((size,), size, np.int32)
+        source_vector[: len(sources)] = sources
+        destination_vector[: len(sources)] = destinations
+        return self._move_jit(decode_state, source_vector, destination_vector)
+
+    def slot_bucket(self, live_slots: int | None) -> int:
+        """Leading slots one generate steps for `live_slots` occupied: a power of two of at least
+        MIN_SLOT_BUCKET, or all of them (few buckets keep the compiles bounded)."""
+        slots = self.max_concurrent_decodes
+        if live_slots is None or live_slots >= slots:
+            return slots
+        return min(slots, max(MIN_SLOT_BUCKET, 1 << max(0, live_slots - 1).bit_length()))
+
+    def slot_buckets(self) -> tuple[int, ...]:
+        """Every bucket `slot_bucket` can return, smallest first."""
+        return tuple(sorted({self.slot_bucket(n) for n in range(1, self.max_concurrent_decodes + 1)}))
 
     def init_decode_state(self, *args, **kwargs) -> DecodeState:
         return self._init_state_jit()
@@ -304,13 +346,17 @@ class FlexEngine(EngineShapeFromConfig, engine_api.Engine):
 
     # ----------------------------------------------------------------- helpers
     def warm_up(self, params: Any) -> None:
-        """Compiles every entry point (prefill and insert per bucket and prefill batch size, generate)."""
+        """Compiles every entry point (prefill and insert per bucket and prefill batch size, generate per slot
+        bucket, the slot move)."""
         state = self.init_decode_state()
         for bucket in self.config.prefill_buckets:
             for rows in self.config.prefill_batch_sizes:
                 prefix = self.prefill_batch(params, np.zeros((rows, bucket), np.int32), [1] * rows, [None] * rows)
                 state = self.insert(prefix, state, 0)
-        state, result = self.generate(params, state)
+        for bucket in self.slot_buckets():
+            state, result = self.generate(params, state, bucket)
+        if self.max_concurrent_decodes > 1:
+            state = self.move_slots(state, [1], [0])
         jax.block_until_ready(result.data)
 
     def compiled_cache_sizes(self) -> dict[str, int]:
@@ -341,8 +387,9 @@ class FlexEngine(EngineShapeFromConfig, engine_api.Engine):
         rows, bucket = padded_tokens.shape
         mask = jnp.arange(bucket)[None, :] < true_lengths[:, None]
         cache = functional.init_cache(self.model_config, rows, bucket, self.cache_dtype)
-        logits, cache = functional.prefill(self.graphdef, params, padded_tokens, mask, cache)
-        next_logits = jnp.take_along_axis(logits, (true_lengths - 1)[:, None, None], axis=1)[:, 0]
+        logits, cache = functional.prefill(self.graphdef, params, padded_tokens, mask, cache,
+                                           logits_at=true_lengths - 1)
+        next_logits = logits[:, 0]
         return Prefix(
             cache=cache,
             next_logits=next_logits.astype(jnp.float32),
@@ -387,21 +434,45 @@ class FlexEngine(EngineShapeFromConfig, engine_api.Engine):
             sample_index=state.sample_index.at[slots].set(sample_indices, mode="drop"),
         )
 
-    def _generate_impl(self, params, state: DecodeState) -> tuple[DecodeState, LogProbResultTokens]:
-        keys = jax.vmap(_slot_key)(state.seed, state.sample_index, state.generated)
-        tokens, logprobs = sample_tokens(keys, state.next_logits, state.temperature, state.top_k, state.top_p)
+    def _generate_impl(self, params, state: DecodeState, live: int) -> tuple[DecodeState, LogProbResultTokens]:
+        # Only the leading `live` slots step. The KV cache goes whole into the decode step, which writes the
+        # live rows in place (the state is donated) and reads only them; the per-slot vectors are sliced.
+        slots = self.max_concurrent_decodes
+        head = jax.tree.map(lambda a: a[:live], state.replace(cache={}))
+        keys = jax.vmap(_slot_key)(head.seed, head.sample_index, head.generated)
+        tokens, logprobs = sample_tokens(keys, head.next_logits, head.temperature, head.top_k, head.top_p)
         # Finished-but-not-yet-refilled slots keep stepping; clamp so they never index past the cache.
-        write_positions = jnp.minimum(state.positions, self.config.cache_length - 1)
+        write_positions = jnp.minimum(head.positions, self.config.cache_length - 1)
         logits, cache = functional.decode_step(self.graphdef, params, tokens, write_positions, state.cache)
-        generated = state.generated + 1
+        generated = head.generated + 1
+        valid = head.positions < self.config.cache_length
+        result = LogProbResultTokens.pack(tokens, logprobs, generated, valid)
+
+        def put(full, part):
+            return part if live == slots else full.at[:live].set(part.astype(full.dtype))
+
         new_state = state.replace(
             cache=cache,
-            next_logits=logits.astype(jnp.float32),
-            positions=state.positions + 1,
-            generated=generated,
+            next_logits=put(state.next_logits, logits.astype(jnp.float32)),
+            positions=put(state.positions, head.positions + 1),
+            generated=put(state.generated, generated),
         )
-        valid = state.positions < self.config.cache_length
-        return new_state, LogProbResultTokens.pack(tokens, logprobs, generated, valid)
+        # Rows past the bucket report nothing (valid 0).
+        return new_state, result.replace(data=put(jnp.zeros((slots,) + result.data.shape[1:], result.data.dtype),
+                                                   result.data))
+
+    def _move_impl(self, state: DecodeState, sources, destinations) -> DecodeState:
+        count = jnp.sum(sources < self.max_concurrent_decodes)
+
+        def move_one(i, cache):  # one slot's KV rows at a time, in place in the donated cache
+            return {name: jax.lax.dynamic_update_slice_in_dim(
+                        full, jax.lax.dynamic_slice_in_dim(full, sources[i], 1, axis=1), destinations[i], axis=1)
+                    for name, full in cache.items()}
+
+        cache = jax.lax.fori_loop(0, count, move_one, state.cache)
+        vectors = jax.tree.map(lambda a: a.at[destinations].set(a[jnp.minimum(sources, a.shape[0] - 1)], mode="drop"),
+                               state.replace(cache={}))
+        return vectors.replace(cache=cache)
 
 
 def _slot_key(seed, sample_index, step):

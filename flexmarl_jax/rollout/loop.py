@@ -8,8 +8,8 @@ Like MaxText's offline engine, it calls `prefill` / `insert` / `generate` direct
    one call, and each prompt's samples go into as many free slots as there are (one
    prefill per prompt however many samples; the prefix is kept until all of a prompt's
    samples have a slot);
-2. dispatches one `generate` for all slots (one token per slot; an engine may return several per call on
-   the Engine API's speculation axis, `valid` marking them, as the emulated engine does);
+2. dispatches one `generate` for the slots up to the highest occupied one (one token per slot; an engine
+   may return several per call on the Engine API's speculation axis, `valid` marking them, as the emulated engine does);
 3. processes the *previous* step's results (one device-to-host copy), so host
    bookkeeping overlaps the device computing the current step. A slot whose sequence
    finished at step k still runs in step k+1 (its output is ignored), then is refilled.
@@ -176,6 +176,32 @@ class RolloutLoop:
         active = sum(s.work.request.max_new_tokens - len(s.token_ids) for s in self._slots if s is not None)
         return queued + active
 
+    def _compact(self) -> None:
+        """Moves the last occupied slots into free ones below them when that lets the engine step a smaller slot
+        bucket: the sequences of a batch finish in any order, and a tail of a few long ones would otherwise keep
+        every slot below the last of them stepping."""
+        if not self._compaction_pays():
+            return
+        self.flush()  # the results in flight are indexed by the slots as they were
+        if not self._compaction_pays():
+            return
+        target = self.engine.slot_bucket(self.active_slots)
+        sources = [slot for slot in range(target, len(self._slots)) if self._slots[slot] is not None]
+        destinations = [slot for slot in range(target) if self._slots[slot] is None][: len(sources)]
+        self._state = self.engine.move_slots(self._state, sources, destinations)
+        for source, destination in zip(sources, destinations, strict=True):
+            sequence = self._slots[destination] = self._slots[source]
+            self._slots[source] = None
+            sequence.slot = destination
+
+    def _compaction_pays(self) -> bool:
+        occupied = self.active_slots
+        return occupied > 0 and self.engine.slot_bucket(occupied) < self.engine.slot_bucket(self._live_slots())
+
+    def _live_slots(self) -> int:
+        """One past the highest occupied slot: the engine steps only the slots below it."""
+        return max(slot for slot, owner in enumerate(self._slots) if owner is not None) + 1
+
     def has_work(self) -> bool:
         return bool(self._queue) or self.active_slots > 0 or bool(self._inflight)
 
@@ -187,8 +213,9 @@ class RolloutLoop:
         """Admit into free slots, dispatch one generate, process the previous step's tokens."""
         if self.admission_open:
             self._admit()
+        self._compact()
         if self.active_slots > 0:
-            self._state, result = self.engine.generate(self.params, self._state)
+            self._state, result = self.engine.generate(self.params, self._state, self._live_slots())
             result.copy_to_host_async()
             self._inflight.append((result, list(self._slots)))
             self.steps += 1
