@@ -286,8 +286,15 @@ class EmulatedEngine(EngineShapeFromConfig, engine_api.Engine):
         self.device.set_working(self, bool(state.live.any()))
         return state
 
-    def generate(self, params: Any, decode_state: EmulatedDecodeState) -> tuple[EmulatedDecodeState, EmulatedResult]:
-        """Advances every live slot by `steps_for` tokens in one call, charged as that many single steps.
+    def slot_bucket(self, live_slots: int | None) -> int:
+        """Always every slot: the cost model charges a step by its live slots already, so moving sequences into
+        a smaller bucket would gain nothing and the loop never does (see FlexEngine.slot_bucket)."""
+        return self.max_concurrent_decodes
+
+    def generate(self, params: Any, decode_state: EmulatedDecodeState, live_slots: int | None = None
+                 ) -> tuple[EmulatedDecodeState, EmulatedResult]:
+        """Advances every live slot by `steps_for` tokens in one call, charged as that many single steps
+        (`live_slots`, FlexEngine's hint, changes nothing here).
 
         The result has one column per token (the Engine API's speculation axis); `valid` marks the tokens a slot
         emitted, so a slot that ends mid-call leaves the rest of its row invalid (it never does: see steps_for).
