@@ -21,6 +21,7 @@ import numpy as np
 
 from flexmarl_benchmarks import _side_process
 from flexmarl_benchmarks._side_process import progress
+from flexmarl_benchmarks._views import engine_config, loss_config, optimizer_config, trainer_config
 
 
 def random_params(config, seed: int):
@@ -109,14 +110,13 @@ class OurSide:
         if self.engine is None:
             from flexmarl_jax.models.tokenizer import CharTokenizer
             from flexmarl_jax.rollout.engine import FlexEngine
-            from flexmarl_jax.rollout.settings import EngineConfig
 
             prompts = self.workload["prompts"]
             bucket = 1 << (max(len(p) for p in prompts) - 1).bit_length()
             # One bucket and a prefill batch of all prompts: the loop prefills them in one call, as generate does.
-            config = EngineConfig(max_concurrent_decodes=len(prompts), max_prefill_length=bucket,
-                                  max_decode_length=self.workload["new_tokens"], prefill_buckets=(bucket,),
-                                  prefill_batch_sizes=tuple(sorted({1, len(prompts)})))
+            config = engine_config(max_concurrent_decodes=len(prompts), max_prefill_length=bucket,
+                                   max_decode_length=self.workload["new_tokens"], prefill_buckets=(bucket,),
+                                   prefill_batch_sizes=tuple(sorted({1, len(prompts)})))
             # The token ids are random; the tokenizer only supplies the pad id (EOS is ignored).
             self.engine = FlexEngine(self.model_config, self.graphdef, config, CharTokenizer())
         return self.engine
@@ -161,15 +161,13 @@ class OurSide:
     def make_trainer(self):
         """(a trainer that owns the weights, donated; the training micro-batch): the bench's GRPO + Adam step."""
         from flexmarl_jax.train.batch import MicroBatch
-        from flexmarl_jax.train.losses import LossConfig
-        from flexmarl_jax.train.optim import OptimizerConfig
-        from flexmarl_jax.train.trainer import AgentTrainer, TrainerConfig
+        from flexmarl_jax.train.trainer import AgentTrainer
 
         rows, length = self.workload["train_rows"], self.workload["train_len"]
-        config = TrainerConfig(micro_batch_size=rows, max_len=length,
-                               loss=LossConfig(name="grpo", aggregation="token_mean"),
-                               optimizer=OptimizerConfig(name="adam", learning_rate=1e-6, max_grad_norm=None),
-                               donate_params=True)
+        config = trainer_config(micro_batch_size=rows, max_len=length,
+                                loss=loss_config(name="grpo", aggregation="token_mean"),
+                                optimizer=optimizer_config(name="adam", learning_rate=1e-6, max_grad_norm=None),
+                                donate_params=True)
         trainer = AgentTrainer("bench", self.model_config, config, initial=(self.graphdef, self.params))
         self.params = None
         return trainer, MicroBatch(**self.batch_arrays, agent="bench")

@@ -20,7 +20,7 @@ import numpy as np
 from flexmarl_benchmarks import _side_process
 from flexmarl_benchmarks._side_process import progress
 
-CLIP_EPS = 0.2  # LossConfig's default clip on both sides
+CLIP_EPS = 0.2  # the GRPO preset's clip on both sides (train/algorithms.LOSS_SETTINGS)
 
 
 class TorchSide:

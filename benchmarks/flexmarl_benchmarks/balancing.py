@@ -32,6 +32,7 @@ import time
 from typing import Any
 
 from flexmarl_benchmarks._output import write_json
+from flexmarl_benchmarks._views import engine_config as default_engine_config
 from flexmarl_jax.mesh.host_devices import fake_cpu_devices
 
 logger = logging.getLogger(__name__)
@@ -50,7 +51,6 @@ class Fleet:
         from flexmarl_jax.models.presets import get_preset
         from flexmarl_jax.models.tokenizer import CharTokenizer
         from flexmarl_jax.rollout.engine import FlexEngine
-        from flexmarl_jax.rollout.settings import EngineConfig
 
         self.agents = [f"agent{k}" for k in range(args.agents)]
         count = args.agents * args.instances_per_agent
@@ -60,8 +60,8 @@ class Fleet:
                              f"have {len(devices)}")
         model = get_preset("tiny")
         self.tokenizer = CharTokenizer()
-        engine_config = EngineConfig(max_concurrent_decodes=args.slots, max_prefill_length=32,
-                                     max_decode_length=args.max_new_tokens, prefill_buckets=(16, 32))
+        engine_config = default_engine_config(max_concurrent_decodes=args.slots, max_prefill_length=32,
+                                              max_decode_length=args.max_new_tokens, prefill_buckets=(16, 32))
         self.engines, self.params, self.home = [], [], []
         graphdef = None
         agent_params = {}

@@ -39,6 +39,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from flexmarl_benchmarks._output import write_json
+from flexmarl_benchmarks._views import engine_config as default_engine_config
 
 
 def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
@@ -156,12 +157,11 @@ def ours_greedy(source, prompt_ids: list[list[int]], *, max_new_tokens: int, sto
     from flexmarl_jax.mesh.meshes import make_mesh
     from flexmarl_jax.rollout.engine import FlexEngine, SlotSampling
     from flexmarl_jax.rollout.loop import RolloutLoop, RolloutRequest
-    from flexmarl_jax.rollout.settings import EngineConfig
 
     mesh = make_mesh(jax.devices()[:1], fsdp=1)
     graphdef, params = source.initial_weights(mesh=mesh)
-    engine_config = EngineConfig(max_concurrent_decodes=batch, max_prefill_length=max_prompt_length,
-                                 max_decode_length=max_new_tokens)
+    engine_config = default_engine_config(max_concurrent_decodes=batch, max_prefill_length=max_prompt_length,
+                                          max_decode_length=max_new_tokens)
     engine = FlexEngine(source.model_config, graphdef, engine_config, source.tokenizer, mesh=mesh,
                         cache_dtype=jax.tree.leaves(params)[0].dtype)
     loop = RolloutLoop(engine, params)

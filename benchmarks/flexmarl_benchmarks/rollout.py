@@ -28,6 +28,7 @@ import time
 import numpy as np
 
 from flexmarl_benchmarks._output import write_json
+from flexmarl_benchmarks._views import engine_config
 
 
 def _build_prompts(tokenizer, count: int, seed: int, max_chars: int) -> list[tuple[int, ...]]:
@@ -51,7 +52,6 @@ def run(args: argparse.Namespace) -> dict:
     from flexmarl_jax.models.tokenizer import CharTokenizer
     from flexmarl_jax.rollout.engine import FlexEngine, SlotSampling
     from flexmarl_jax.rollout.loop import RolloutLoop, RolloutRequest
-    from flexmarl_jax.rollout.settings import EngineConfig
 
     model_config = get_preset(args.preset)
     tokenizer = CharTokenizer()
@@ -62,8 +62,8 @@ def run(args: argparse.Namespace) -> dict:
     def engine_with(slots: int) -> FlexEngine:
         # a 1-slot engine never has two prompts to prefill together
         batch_sizes = (1,) if slots == 1 else tuple(sorted({1, min(args.prefill_batch, slots)}))
-        config = EngineConfig(max_concurrent_decodes=slots, max_prefill_length=max(max_prefill, 16),
-                              max_decode_length=args.max_new_tokens, prefill_batch_sizes=batch_sizes)
+        config = engine_config(max_concurrent_decodes=slots, max_prefill_length=max(max_prefill, 16),
+                               max_decode_length=args.max_new_tokens, prefill_batch_sizes=batch_sizes)
         engine = FlexEngine(model_config, graphdef, config, tokenizer, params=params)
         engine.warm_up(params)
         return engine

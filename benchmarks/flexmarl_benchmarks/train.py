@@ -24,6 +24,7 @@ import time
 import numpy as np
 
 from flexmarl_benchmarks._output import write_json
+from flexmarl_benchmarks._views import optimizer_config, trainer_config
 
 logger = logging.getLogger(__name__)
 
@@ -64,20 +65,19 @@ def run(args) -> dict:
     from flexmarl_jax.models.presets import get_preset
     from flexmarl_jax.train.algorithms import loss_config_for
     from flexmarl_jax.train.batch import build_iteration
-    from flexmarl_jax.train.optim import OptimizerConfig
     from flexmarl_jax.train.toy import run_grpo
-    from flexmarl_jax.train.trainer import AgentTrainer, TrainerConfig
+    from flexmarl_jax.train.trainer import AgentTrainer
 
     model_config = get_preset(args.model)
     devices = jax.devices()[: args.fsdp * args.tp]
     mesh = make_mesh(devices, fsdp=args.fsdp, tp=args.tp)
     initial = functional.init_params(model_config, seed=0, mesh=mesh)
     loss = loss_config_for("grpo", aggregation="token_mean", kl_coef=0.05)
-    optimizer = OptimizerConfig(name="adam", learning_rate=1e-3, eps=1e-6, max_grad_norm=None)
+    optimizer = optimizer_config(name="adam", learning_rate=1e-3, eps=1e-6, max_grad_norm=None)
     batch_size = args.batch
 
     def trainer(micro: int) -> AgentTrainer:
-        config = TrainerConfig(micro_batch_size=micro, max_len=args.max_len, loss=loss, optimizer=optimizer)
+        config = trainer_config(micro_batch_size=micro, max_len=args.max_len, loss=loss, optimizer=optimizer)
         return AgentTrainer("bench", model_config, config, mesh=mesh, initial=initial)
 
     def batches(rows, micro):
@@ -133,8 +133,8 @@ def run(args) -> dict:
     if args.grpo_iterations > 0:
         per_seed = {}
         for seed in range(args.grpo_seeds):
-            grpo_config = TrainerConfig(micro_batch_size=16, max_len=10, loss=loss_config_for("grpo"),
-                                        optimizer=OptimizerConfig(learning_rate=args.grpo_lr))
+            grpo_config = trainer_config(micro_batch_size=16, max_len=10, loss=loss_config_for("grpo"),
+                                         optimizer=optimizer_config(learning_rate=args.grpo_lr))
             grpo_trainer = AgentTrainer("solver", get_preset("tiny"), grpo_config, seed=seed)
             rewards = run_grpo(grpo_trainer, iterations=args.grpo_iterations, prompts_per_iteration=8,
                                group_size=8, seed=seed)

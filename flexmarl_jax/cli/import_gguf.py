@@ -24,6 +24,7 @@ OUT_DIR and renamed at the end (as `flexmarl export` does).
 from __future__ import annotations
 
 import dataclasses
+import importlib.util
 import json
 import os
 import shutil
@@ -73,6 +74,7 @@ class ImportResult:
 
 def supported_tensor_types() -> tuple[str, ...]:
     """Tensor type names this importer converts: the plain float types and every type `gguf.quants` dequantizes."""
+    # lazy: optional extra [gguf]; the base install lacks it
     from gguf import quants
 
     return _PLAIN_TYPES + tuple(sorted(kind.name for kind in quants._type_traits))  # noqa: SLF001 - no public list
@@ -85,6 +87,7 @@ def read_gguf_summary(path: str) -> GGUFSummary:
     end of the file), an architecture outside `SUPPORTED_ARCHITECTURES`, or a tensor of an unsupported type.
     """
     _require_extra()
+    # lazy: optional extra [gguf]; the base install lacks it (checked just above)
     import gguf
 
     if not os.path.isfile(path):
@@ -129,8 +132,6 @@ def _field(reader, key: str):
 
 
 def _require_extra() -> None:
-    import importlib.util
-
     needed = ("gguf", "transformers", "torch", "accelerate")
     missing = [name for name in needed if importlib.util.find_spec(name) is None]
     if missing:
@@ -160,6 +161,7 @@ def import_gguf(source: str, out: str, *, dtype: str = "float32", force: bool = 
 
 def _convert(summary: GGUFSummary, directory: str, dtype: str) -> int:
     """Writes the HF directory into ``directory``; returns the parameter count."""
+    # lazy: optional extra [gguf] (torch, transformers); the base install lacks them
     import torch
     import transformers
 

@@ -4,10 +4,11 @@ from __future__ import annotations
 
 import os
 
+from flexmarl_jax.metrics.writer import eval_records, iteration_records, read_metrics
+from flexmarl_jax.store.inspect import format_store_summary
+
 
 def _metrics_summary(workdir: str) -> str:
-    from flexmarl_jax.metrics.writer import eval_records, iteration_records, read_metrics
-
     records = read_metrics(workdir)
     rows, evals = iteration_records(records), eval_records(records)
     if not rows and not evals:
@@ -26,11 +27,6 @@ def _metrics_summary(workdir: str) -> str:
 def format_workdir_summary(workdir: str) -> str:
     """Experience-store tables (per agent) and a one-line metrics summary."""
     parts = [f"workdir: {os.path.abspath(workdir)}"]
-    try:
-        from flexmarl_jax.store.inspect import format_store_summary
-    except ImportError:
-        parts.append("store: the experience store package is not installed")
-    else:
-        parts.append(format_store_summary(workdir))
+    parts.append(format_store_summary(workdir))
     parts.append(_metrics_summary(workdir))
     return "\n".join(parts)

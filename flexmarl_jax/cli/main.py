@@ -8,14 +8,22 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import importlib
 import logging
 import os
 import pkgutil
 import sys
 
-from flexmarl_jax import host_allocator
+from absl import logging as absl_logging
+
+from flexmarl_jax import faults, host_allocator
+from flexmarl_jax.config import RunConfig, check_devices, parse_train_flags
+from flexmarl_jax.config.cli_flags import train_help
 from flexmarl_jax.config.errors import ConfigError
-from flexmarl_jax.distributed.runtime import JoinFailed
+from flexmarl_jax.config.schema import check_per_process
+from flexmarl_jax.distributed.runtime import JoinFailed, join_processes
+from flexmarl_jax.mesh.host_devices import fake_cpu_devices
+from flexmarl_jax.store.corruption import StoreCorrupted
 
 COMMANDS_HELP = """commands:
   train     run multi-agent RL: --config=PATH[:VARIANT], --config.KEY=VALUE, --workdir=DIR, --gantt-iterations=K
@@ -34,18 +42,12 @@ def _prepare_devices(config) -> int:
     """Fakes CPU devices (before JAX is imported), joins the run's other processes when
     `config.distributed.enabled`, and returns the device count of every process together."""
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")  # JetStream pulls in TensorFlow, which is chatty
-    from flexmarl_jax.distributed.runtime import join_processes
-    from flexmarl_jax.mesh.host_devices import fake_cpu_devices as fake
-
-    fake(config.mesh.fake_cpu_devices)
+    fake_cpu_devices(config.mesh.fake_cpu_devices)
     return join_processes(config.distributed).global_devices
 
 
 def cmd_train(argv: list[str]) -> int:
     """`flexmarl train`: flags parsed and the config built and checked before JAX starts."""
-    from flexmarl_jax.config import RunConfig, check_devices, parse_train_flags
-    from flexmarl_jax.config.cli_flags import train_help
-
     if any(arg in ("-h", "--help", "--helpfull") for arg in argv):
         print(train_help())
         return 0
@@ -57,10 +59,8 @@ def cmd_train(argv: list[str]) -> int:
         logging.basicConfig(level=parsed.log_level)
         logging.getLogger().setLevel(parsed.log_level)
     if parsed.verbosity is not None:  # also brings back the native libraries' INFO lines (jetstream_compat)
-        from absl import logging as absl_logging
-
         absl_logging.set_verbosity(parsed.verbosity)
-    from flexmarl_jax import faults
+    # lazy: workdir_lock loads etils.epath (44 ms), which `flexmarl --help` (~0.1 s) needs not
     from flexmarl_jax.orchestrator.workdir_lock import WorkdirLock
 
     try:
@@ -69,9 +69,8 @@ def cmd_train(argv: list[str]) -> int:
         raise ConfigError(f"${faults.ENV_VAR}: {error}") from None
     if config.distributed.enabled:  # each process locks its own file, named by its index, known once joined
         devices = _prepare_devices(config)
+        # lazy: `flexmarl --help` must not load JAX (import jax costs ~1 s); join_processes has loaded it by now
         import jax
-
-        from flexmarl_jax.config.schema import check_per_process
 
         check_per_process(config, jax.process_count())  # the auto-detected count too
         lock = WorkdirLock(config.workdir, process_index=jax.process_index())
@@ -80,6 +79,7 @@ def cmd_train(argv: list[str]) -> int:
     with lock:
         # The placement against every process's devices (the global count), before any work.
         check_devices(config, _prepare_devices(config) if devices is None else devices)
+        # lazy: dispatcher: orchestrator.run loads JAX, Orbax and the trainer (3.3 s)
         from flexmarl_jax.orchestrator.run import run_training
 
         return run_training(config, workdir_locked=True, gantt_iterations=parsed.gantt_iterations)
@@ -113,7 +113,6 @@ def cmd_bench(argv: list[str]) -> int:
     if name not in names:
         print(f"flexmarl bench: unknown benchmark {name!r}; available: {', '.join(names)}", file=sys.stderr)
         return 2
-    import importlib
 
     module = importlib.import_module(f"flexmarl_benchmarks.{name}")
     return int(module.main(rest) or 0)
@@ -123,12 +122,14 @@ def cmd_inspect(argv: list[str]) -> int:
     parser = argparse.ArgumentParser(prog="flexmarl inspect", description="Summarise a run directory.")
     parser.add_argument("workdir")
     args = parser.parse_args(argv)
+    # lazy: workdir_paths loads etils.epath (40 ms), which `flexmarl --help` (~0.1 s) needs not
     from flexmarl_jax.workdir_paths import normalize
 
     args.workdir = normalize(args.workdir)  # file:///abs/run reads /abs/run
     if not os.path.isdir(args.workdir):
         print(f"flexmarl inspect: {args.workdir!r} is not a directory", file=sys.stderr)
         return 2
+    # lazy: dispatcher: only `flexmarl inspect` loads the store (TensorStore) and metrics readers
     from flexmarl_jax.cli.inspect_workdir import format_workdir_summary
 
     print(format_workdir_summary(args.workdir))
@@ -152,6 +153,7 @@ def cmd_export(argv: list[str]) -> int:
     args = parser.parse_args(argv)
     # Export reads and converts arrays on the host: keep JAX off accelerators that a run may be using.
     os.environ.setdefault("JAX_PLATFORMS", "cpu")
+    # lazy: dispatcher: each subcommand imports only its own implementation
     from flexmarl_jax.orchestrator.export import ExportError, export_agent
 
     try:
@@ -176,6 +178,7 @@ def cmd_import_gguf(argv: list[str]) -> int:
     parser.add_argument("--dtype", default="float32", help="the saved weights' dtype: float32 (default) | bfloat16")
     parser.add_argument("--force", action="store_true", help="replace a non-empty OUT_DIR")
     args = parser.parse_args(argv)
+    # lazy: dispatcher: each subcommand imports only its own implementation
     from flexmarl_jax.cli.import_gguf import ImportGGUFError, import_gguf
 
     try:
@@ -209,10 +212,12 @@ def cmd_serve(argv: list[str]) -> int:
         if not 0 <= value <= 65535:
             print(f"flexmarl serve: {flag} {value} must be in [0, 65535]", file=sys.stderr)
             return 2
+    # lazy: dispatcher: serve.served_agent loads JAX (import jax costs ~1 s), which only serve and chat need
     from flexmarl_jax.serve.served_agent import ServeError
 
     try:
         agents = _prepare_served_agents(args)
+        # lazy: dispatcher: asyncio (55 ms) and serve.server, which pulls JetStream and TensorFlow (5.2 s)
         import asyncio
 
         from flexmarl_jax.serve.server import serve_until_signalled
@@ -230,6 +235,7 @@ def cmd_serve(argv: list[str]) -> int:
 
 def _prepare_served_agents(args) -> list:
     """Loads, places and compiles each agent to serve (agent i on device i mod the device count)."""
+    # lazy: dispatcher: serving loads JAX (import jax costs ~1 s) and JetStream/TensorFlow (5.2 s)
     import jax
 
     from flexmarl_jax.config.workflow_from_config import team_agents
@@ -261,6 +267,7 @@ def cmd_chat(argv: list[str]) -> int:
     who.add_argument("--agent", help="the agent to talk to")
     who.add_argument("--team", action="store_true", help="run the whole workflow on each question")
     args = parser.parse_args(argv)
+    # lazy: dispatcher: serve.chat loads JAX (import jax costs ~1 s) and the rollout engine
     from flexmarl_jax.serve.chat import AgentChat, TeamChat, run_repl
     from flexmarl_jax.serve.served_agent import ServeError
 
@@ -294,6 +301,7 @@ def main(argv: list[str] | None = None) -> int:
     if command not in COMMANDS:
         print(f"flexmarl: unknown command {command!r}; choose one of: {', '.join(COMMANDS)}", file=sys.stderr)
         return 2
+    # lazy: workdir_lock loads etils.epath (44 ms), which `flexmarl --help` (~0.1 s) needs not
     from flexmarl_jax.orchestrator.workdir_lock import WorkdirBusy
 
     # Before JAX allocates: a long run replaces its parameters every update, and without this glibc keeps the
@@ -308,8 +316,8 @@ def main(argv: list[str] | None = None) -> int:
         print(f"flexmarl {command}: {error}", file=sys.stderr)
         return 2
     except Exception as error:
+        # lazy: orchestrator.run loads JAX (3.3 s with the trainer), checkpoint_integrity etils.epath (44 ms)
         from flexmarl_jax.orchestrator.run import RunStopped
-        from flexmarl_jax.store.corruption import StoreCorrupted
         from flexmarl_jax.train.checkpoint_integrity import CheckpointCorrupted
 
         if isinstance(error, (StoreCorrupted, CheckpointCorrupted)):  # data on disk changed: say where, in a line

@@ -32,7 +32,9 @@ from absl.logging import converter
 from ml_collections import config_flags
 
 from flexmarl_jax.config.errors import ConfigError
+from flexmarl_jax.config.fields import is_section, walk_fields
 from flexmarl_jax.config.loader import DEFAULT_CONFIG, load_config
+from flexmarl_jax.config.schema import RunConfig
 
 CONFIG = "config"
 GANTT_ITERATIONS = "gantt-iterations"
@@ -81,9 +83,6 @@ def parse_train_flags(argv: Sequence[str]) -> TrainFlags:
 
 def train_help() -> str:
     """`flexmarl train --help`: the flags, then every config field with its description and default."""
-    from flexmarl_jax.config.fields import is_section, walk_fields
-    from flexmarl_jax.config.schema import RunConfig
-
     lines = ["usage: flexmarl train [--config=PATH[:VARIANT[,VARIANT...]]] [--config.KEY=VALUE ...] "
              "[--workdir=DIR] [--gantt-iterations=K] [--verbosity=N]",
              "",

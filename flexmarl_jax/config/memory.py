@@ -134,6 +134,7 @@ def estimate_agent_memory(model_config: ModelConfig, *, dtype: str, fp32_master_
 def agent_memory(config: RunConfig, agent: str, model_config: ModelConfig) -> AgentMemory:
     """`estimate_agent_memory` for ``agent`` of a run: its dtype, master weights and decode slots, the run's
     micro-batch, lengths, remat and instances, and the algorithm's reference model or critic."""
+    # lazy: train.algorithms imports JAX (import jax costs ~1 s); importing the config must not (tests/config)
     from flexmarl_jax.train.algorithms import loss_config_for
 
     settings, rollout = config.agents[agent], config.rollout
@@ -164,6 +165,7 @@ def check_team_fits(config: RunConfig, model_configs: Mapping[str, ModelConfig],
     """
     estimates = {agent: agent_memory(config, agent, model_config) for agent, model_config in model_configs.items()}
     if platform is None:
+        # lazy: importing the config must not load JAX (import jax costs ~1 s; tests/config/test_schema.py)
         import jax
 
         platform = jax.default_backend()
@@ -200,6 +202,7 @@ def _check_shared(config: RunConfig, estimates: Mapping[str, AgentMemory], avail
 
 def _check_devices(config: RunConfig, estimates: Mapping[str, AgentMemory], bytes_per_device: int) -> None:
     """Each agent's training share and instance share against one device's memory."""
+    # lazy: importing the config must not load JAX (import jax costs ~1 s; tests/config/test_schema.py)
     import jax
 
     device_count = len(jax.devices())
@@ -222,6 +225,7 @@ def _check_devices(config: RunConfig, estimates: Mapping[str, AgentMemory], byte
 
 def _device_bytes_limit() -> int | None:
     """The smallest `bytes_limit` of the accelerator devices (None when they do not report one)."""
+    # lazy: importing the config must not load JAX (import jax costs ~1 s; tests/config/test_schema.py)
     import jax
 
     limits = [(device.memory_stats() or {}).get("bytes_limit") for device in jax.devices()]

@@ -40,6 +40,13 @@ from flexmarl_jax.config.rules import (
     workflow_names,
 )
 from flexmarl_jax.models.dtypes import PARAM_DTYPES, master_weights_problem
+from flexmarl_jax.train.rules import (
+    rows_per_pass_problem,
+    temperature_problem,
+    tis_cap_problem,
+    top_k_problem,
+    top_p_problem,
+)
 
 _frozen = dataclasses.dataclass(frozen=True)
 
@@ -53,11 +60,9 @@ class AgentConfig(Section):
 
     model: str = setting("tiny", rule=model_rule,
                          help="model preset name (flexmarl_jax.models.presets) or a local HF checkpoint dir")
-    temperature: float = setting(1.0, rule=above_zero, help="sampling temperature used for rollouts")
-    top_k: int = setting(0, help="keep the k most likely tokens; 0 = no top-k filter",
-                         rule=lambda k: None if k >= 0 else "must be >= 0 (0 disables top-k)")
-    top_p: float = setting(1.0, help="nucleus sampling mass in (0, 1]",
-                           rule=lambda p: None if 0 < p <= 1 else "must be in (0, 1]")
+    temperature: float = setting(1.0, rule=temperature_problem, help="sampling temperature used for rollouts")
+    top_k: int = setting(0, rule=top_k_problem, help="keep the k most likely tokens; 0 = no top-k filter")
+    top_p: float = setting(1.0, rule=top_p_problem, help="nucleus sampling mass in (0, 1]")
     learning_rate: float = setting(
         -1.0, help="this agent's learning rate; -1 = use train.learning_rate",
         rule=lambda lr: None if lr == -1.0 or lr > 0 else "must be > 0 or -1 (use train.learning_rate)")
@@ -161,8 +166,7 @@ class TrainConfig(Section):
                                     "global batch and is a multiple of workflow.samples_per_query")
     max_staleness: int = setting(0, rule=at_least_zero,
                                  help="0 = strict on-policy; k > 0 lets rollout run k versions ahead")
-    tis_cap: float = setting(2.0, rule=lambda cap: None if cap >= 1 else "must be >= 1 (a weight cap below 1 "
-                             "would down-weight on-policy tokens)",
+    tis_cap: float = setting(2.0, rule=tis_cap_problem,
                              help="max_staleness > 0: cap of the truncated importance weight pi_old / "
                              "pi_behaviour of each trained token")
     remat: bool = setting(False, help="rematerialise each decoder layer in the training step: activation "
@@ -361,6 +365,7 @@ class RunConfig(Section):
 
     def __post_init__(self) -> None:
         super().__post_init__()
+        # lazy: workdir_paths loads etils.epath (40 ms), which `flexmarl --help` (~0.1 s) needs not
         from flexmarl_jax.workdir_paths import BadLocation, normalize
 
         try:  # everything below sees a plain local path or a remote URL (epath does not take file://)
@@ -382,6 +387,7 @@ class RunConfig(Section):
 
     def check(self, path: str) -> None:
         """The rules that span sections (after every field passed its own)."""
+        # lazy: the workflow registries (workflows/, jinja2) cost 72 ms; `flexmarl --help` (~0.1 s) needs none
         from flexmarl_jax.config.workflow_checks import check_eval_split, check_workflow
 
         if not self.agents:
@@ -393,9 +399,9 @@ class RunConfig(Section):
             raise ConfigError(f"config.train.micro_batch_size={train.micro_batch_size} must divide "
                               f"train.global_batch_size={samples} (workflow.queries_per_iteration x "
                               "workflow.samples_per_query)")
-        if train.rows_per_pass and train.micro_batch_size % train.rows_per_pass:
-            raise ConfigError(f"config.train.rows_per_pass={train.rows_per_pass} must divide "
-                              f"train.micro_batch_size={train.micro_batch_size}")
+        problem = rows_per_pass_problem(train.rows_per_pass, train.micro_batch_size, where="train.")
+        if problem:
+            raise ConfigError(f"config.train.{problem}")
         if train.micro_batch_size % self.workflow.samples_per_query:
             raise ConfigError(f"config.train.micro_batch_size={train.micro_batch_size} must be a multiple of the "
                               f"GRPO group size workflow.samples_per_query={self.workflow.samples_per_query}")

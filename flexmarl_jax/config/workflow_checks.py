@@ -11,6 +11,17 @@ from typing import TYPE_CHECKING
 
 from flexmarl_jax.config.errors import ConfigError
 from flexmarl_jax.config.fields import thaw
+from flexmarl_jax.config.workflow_from_config import (
+    SHIPPED_CONFIGS,
+    split_task_from_config,
+    task_from_config,
+    task_key,
+    task_option_names,
+    workflow_from_config,
+)
+from flexmarl_jax.workflows.builtin import SHAPING_DEFAULTS, workflow_options, workflow_roles
+from flexmarl_jax.workflows.splits import EmptySplit
+from flexmarl_jax.workflows.tasks import TASK_BUILDERS
 
 if TYPE_CHECKING:
     from flexmarl_jax.config.schema import EvalConfig, WorkflowConfig
@@ -19,9 +30,6 @@ if TYPE_CHECKING:
 def check_workflow(workflow: WorkflowConfig, agents: tuple[str, ...]) -> None:
     """Raises ConfigError when `workflow`'s options, shaping weights, roles or task options do not fit its
     registry entries, or when its roles are not played by exactly `agents`."""
-    from flexmarl_jax.config.workflow_from_config import SHIPPED_CONFIGS, workflow_from_config
-    from flexmarl_jax.workflows.builtin import SHAPING_DEFAULTS, workflow_options
-
     start_from = (f"; a workflow's options, roles, agents and shaping weights go together: start from "
                   f"--config={SHIPPED_CONFIGS[workflow.name]}" if workflow.name in SHIPPED_CONFIGS else "")
     allowed_options, allowed_weights = workflow_options(workflow.name), sorted(SHAPING_DEFAULTS[workflow.name])
@@ -47,9 +55,6 @@ def check_workflow(workflow: WorkflowConfig, agents: tuple[str, ...]) -> None:
 
 
 def _check_task(workflow: WorkflowConfig) -> None:
-    from flexmarl_jax.config.workflow_from_config import task_from_config, task_key, task_option_names
-    from flexmarl_jax.workflows.tasks import TASK_BUILDERS
-
     for name, section in workflow.task_options.items():
         if name not in TASK_BUILDERS:
             raise ConfigError(f"config.workflow.task_options.{name}: no task {name!r}; "
@@ -68,9 +73,6 @@ def _check_task(workflow: WorkflowConfig) -> None:
 def check_eval_split(eval_config: EvalConfig, workflow: WorkflowConfig) -> None:
     """Raises ConfigError naming the eval field when the held-out split would leave either side empty, or when
     `eval.file` is set for a task that is not a .jsonl file (generated tasks hold out `eval.fraction`)."""
-    from flexmarl_jax.config.workflow_from_config import split_task_from_config
-    from flexmarl_jax.workflows.splits import EmptySplit
-
     if not eval_config.enabled:
         return
     if eval_config.file and not workflow.task.endswith(".jsonl"):
@@ -91,7 +93,5 @@ def check_eval_split(eval_config: EvalConfig, workflow: WorkflowConfig) -> None:
 
 def _roles_played(workflow: WorkflowConfig) -> str:
     """"role->agent, ..." for every role of the configured workflow, in call order."""
-    from flexmarl_jax.workflows.builtin import workflow_roles
-
     return ", ".join(f"{role}->{workflow.roles.get(role, role)}"
                      for role in workflow_roles(workflow.name, thaw(workflow.options)))

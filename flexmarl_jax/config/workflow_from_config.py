@@ -23,6 +23,7 @@ from typing import TYPE_CHECKING
 from flexmarl_jax.config.fields import thaw
 from flexmarl_jax.workflows.builtin import WORKFLOW_BUILDERS, build_configured_workflow
 from flexmarl_jax.workflows.graph import Workflow
+from flexmarl_jax.workflows.splits import TrainEvalSplit
 from flexmarl_jax.workflows.tasks import TASK_BUILDERS, Task, resolve_task
 
 if TYPE_CHECKING:
@@ -77,8 +78,6 @@ def split_task_from_config(workflow_config: WorkflowConfig, eval_config: EvalCon
     """The task a run trains on: with `eval.enabled`, a `TrainEvalSplit` of it (`eval.file` for a .jsonl task,
     else `eval.fraction` of its problem contents held out); otherwise the bare task (`task`, if already built).
     Raises `splits.EmptySplit` (a ValueError) when a side would be empty."""
-    from flexmarl_jax.workflows.splits import TrainEvalSplit
-
     task = task_from_config(workflow_config) if task is None else task
     if not eval_config.enabled:
         return task

@@ -20,6 +20,7 @@ import itertools
 import threading
 
 import jax
+from orbax.checkpoint import multihost
 
 KEY_VALUE_TIMEOUT_S = 3600  # a peer that dies is reported by the runtime's heartbeat long before this
 _counters: dict[str, itertools.count] = collections.defaultdict(itertools.count)  # one count per prefix
@@ -38,6 +39,5 @@ def barrier() -> None:
     number of times, in the same order: the barrier's names count the calls."""
     if jax.process_count() == 1:
         return
-    from orbax.checkpoint import multihost
 
     multihost.get_barrier_sync_fn()(key=next_key("flexmarl-barrier"), timeout_ms=KEY_VALUE_TIMEOUT_S * 1000)

@@ -8,6 +8,7 @@ checkpoints are written through Orbax's multi-process API, which gives each proc
 from __future__ import annotations
 
 import jax
+from jax._src.distributed import global_state  # the runtime's client; JAX has no public accessor
 
 from flexmarl_jax.distributed.barrier import KEY_VALUE_TIMEOUT_S, next_key
 
@@ -24,8 +25,6 @@ def leader_value(value: int) -> int:
     Every process must call it the same number of times, in the same order (the keys count the calls)."""
     if jax.process_count() == 1:
         return int(value)
-    from jax._src.distributed import global_state  # the runtime's client; JAX has no public accessor
-
     key = next_key("flexmarl-leader")
     if is_leader():
         global_state.client.key_value_set(key, str(int(value)))

@@ -14,6 +14,8 @@ import dataclasses
 import logging
 from typing import TYPE_CHECKING
 
+from absl import flags
+
 from flexmarl_jax.distributed.coordinator_probe import CoordinatorUnreachable, wait_for_coordinator
 
 if TYPE_CHECKING:
@@ -56,6 +58,7 @@ def join_processes(settings: DistributedConfig) -> Processes:
         except CoordinatorUnreachable as error:
             raise JoinFailed(str(error)) from None
         logger.info("coordinator %s answered after %.1f s", settings.coordinator_address, waited)
+    # lazy: cli/main.py imports this module and `flexmarl --help` must not load JAX (import jax costs ~1 s)
     import jax
 
     if settings.enabled:
@@ -96,8 +99,8 @@ def use_orbax_key_value_barriers() -> None:
 
     The switch is an absl flag of Orbax's; our command line parses its own flags, not absl's global ones, so
     the flag is set and marked present (absl reads an unparsed flag only if it is present)."""
+    # lazy: Orbax imports JAX, which `flexmarl --help` must not load (via cli/main.py)
     import orbax.checkpoint  # noqa: F401 - defines the flag
-    from absl import flags
 
     flag = flags.FLAGS[ORBAX_BARRIER_FLAG]
     flag.value = True

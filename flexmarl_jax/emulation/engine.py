@@ -40,6 +40,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+import jax.numpy as jnp
 import numpy as np
 from flax import struct
 
@@ -372,6 +373,4 @@ class EmulatedEngine(EngineShapeFromConfig, engine_api.Engine):
 def placeholder_params() -> Any:
     """What an `EngineInstance` over an emulated engine serves: one scalar (weight syncs swap it, and its
     version, like real weights; their transfer time is the weight-sync emulation's business)."""
-    import jax.numpy as jnp
-
     return {"emulated": jnp.zeros((), jnp.int32)}

@@ -21,7 +21,11 @@ much each slows the other when both have work (the calibration carries both fact
 from __future__ import annotations
 
 import dataclasses
+import os
 import time
+
+import jax
+import jax.numpy as jnp
 
 from flexmarl_jax.emulation.chips import Chip
 
@@ -31,8 +35,6 @@ _REPEATS = 5
 
 def _best_seconds_per_call(function, argument, calls: int) -> float:
     """Fastest mean seconds per call over `_REPEATS` timed batches of `calls` calls (after one warm-up)."""
-    import jax
-
     jax.block_until_ready(function(argument))
     best = float("inf")
     for _ in range(_REPEATS):
@@ -46,11 +48,6 @@ def _best_seconds_per_call(function, argument, calls: int) -> float:
 
 def probe_host(*, matmul_rows: int = 1280, hidden: int = 64, bandwidth_bytes: int = 64 << 20) -> Chip:
     """This host's XLA device 0 as a `Chip` (see the module docstring); memory = the machine's RAM."""
-    import os
-
-    import jax
-    import jax.numpy as jnp
-
     device = jax.devices()[0]
     scalar = jax.device_put(jnp.zeros((), jnp.float32), device)
     overhead = _best_seconds_per_call(jax.jit(lambda x: x + 1), scalar, calls=200)

@@ -23,6 +23,7 @@ from matplotlib import rc_context
 from matplotlib.figure import Figure
 from matplotlib.lines import Line2D
 
+from flexmarl_jax import workdir_paths
 from flexmarl_jax.metrics.iteration_windows import DEFAULT_GANTT_ITERATIONS
 from flexmarl_jax.metrics.jsonable import flatten
 from flexmarl_jax.metrics.plot_style import (
@@ -34,6 +35,7 @@ from flexmarl_jax.metrics.plot_style import (
     kind_color,
     save_figure,
 )
+from flexmarl_jax.metrics.progress import print_summary
 from flexmarl_jax.metrics.timeline import TIMELINE_FILENAME, Timeline
 from flexmarl_jax.metrics.timeline_plots import plot_gantt, plot_load
 from flexmarl_jax.metrics.writer import METRICS_FILENAME, eval_records, iteration_records, read_metrics
@@ -223,8 +225,6 @@ def plot_all(
 
     gantt_iterations: the Gantt chart's window, the last k iterations (None: `DEFAULT_GANTT_ITERATIONS`;
     0: the whole run)."""
-    from flexmarl_jax import workdir_paths
-
     target = workdir_paths.path(workdir, "plots") if out_dir is None else workdir_paths.path(out_dir)
     if workdir_paths.is_local(os.fspath(target)):
         return _plot_all_into(workdir, timeline, Path(target), gantt_iterations)
@@ -239,8 +239,6 @@ def plot_all(
 
 def _plot_all_into(workdir: PathLike, timeline: Timeline | None, out_dir: Path,
                    gantt_iterations: int | None) -> list[Path]:
-    from flexmarl_jax import workdir_paths
-
     written = plot_curves(read_metrics(workdir), out_dir)
     saved = workdir_paths.path(workdir, TIMELINE_FILENAME)
     if timeline is None and saved.exists():
@@ -253,8 +251,6 @@ def _plot_all_into(workdir: PathLike, timeline: Timeline | None, out_dir: Path,
 
 def main(argv: list[str] | None = None) -> int:
     """Replot a run directory: `main(["runs/tiny"])` writes its PNGs and prints the summary table."""
-    from flexmarl_jax.metrics.progress import print_summary  # rich only when used from the command line
-
     parser = argparse.ArgumentParser(description="Plot a flexmarl run from metrics.jsonl and timeline.json.")
     parser.add_argument("workdir", help="run directory holding metrics.jsonl (and timeline.json)")
     parser.add_argument("--out-dir", default=None, help="where the PNGs go (default: WORKDIR/plots)")

@@ -27,6 +27,7 @@ from typing import Any
 
 import numpy as np
 
+from flexmarl_jax import workdir_paths
 from flexmarl_jax.metrics.jsonable import to_jsonable
 from flexmarl_jax.metrics.timeline_records import (
     ITERATION_SPAN,
@@ -307,8 +308,6 @@ class Timeline(TimelineAccounting):
 
     def save(self, path: str | os.PathLike[str]) -> Path:
         """Write the timeline as JSON (a directory gets `timeline.json`); atomic: tmp file + rename."""
-        from flexmarl_jax import workdir_paths
-
         path = workdir_paths.path(path)
         if path.is_dir():
             path = path / TIMELINE_FILENAME
@@ -323,8 +322,6 @@ class Timeline(TimelineAccounting):
 
         A resumed run loads its old timeline and keeps recording: new times continue after the old ones.
         """
-        from flexmarl_jax import workdir_paths
-
         path = workdir_paths.path(path)
         if path.is_dir():
             path = path / TIMELINE_FILENAME

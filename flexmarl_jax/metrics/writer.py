@@ -98,7 +98,8 @@ class MetricsWriter:
         self._written = {(record_kind(record), record.get("iteration")) for record in self.records}
         self._tensorboard = None
         if tensorboard and persist and workdir_paths.is_local(os.fspath(self.workdir)):
-            from tensorboardX import SummaryWriter  # lazy: importing it costs ~0.5 s
+            # lazy: tensorboardX imports torch where installed (1.9 s); only a local run with tensorboard needs it
+            from tensorboardX import SummaryWriter
 
             self._tensorboard = SummaryWriter(logdir=str(self.workdir / TENSORBOARD_DIRNAME), flush_secs=10)
 

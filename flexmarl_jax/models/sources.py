@@ -14,8 +14,12 @@ import dataclasses
 import os
 from typing import Any
 
+import jax.numpy as jnp
+
 from flexmarl_jax.models import presets
+from flexmarl_jax.models.checkpoint import from_pretrained
 from flexmarl_jax.models.config import ModelConfig
+from flexmarl_jax.models.hf_directory import inspect_checkpoint_dir
 from flexmarl_jax.models.tokenizer import CharTokenizer, Tokenizer
 
 
@@ -44,9 +48,6 @@ class ModelSource:
         initialises it from the run's seed)."""
         if self.checkpoint_dir is None:
             return None
-        import jax.numpy as jnp
-
-        from flexmarl_jax.models.checkpoint import from_pretrained
 
         loaded = from_pretrained(self.checkpoint_dir, mesh=mesh, dtype=dtype if dtype is not None else jnp.float32)
         return loaded.graphdef, loaded.params
@@ -56,8 +57,6 @@ def resolve_model(model: str) -> ModelSource:
     """The `ModelSource` a config value names. A directory is read and checked (config, tokenizer, weights
     present, vocabulary fits) without loading weights; raises ValueError naming the file or the preset list."""
     if os.path.isdir(model):
-        from flexmarl_jax.models.hf_directory import inspect_checkpoint_dir
-
         info = inspect_checkpoint_dir(model)
         return ModelSource(model, info.model_config, info.tokenizer, os.path.abspath(model))
     return ModelSource(model, presets.get_preset(model), CharTokenizer())

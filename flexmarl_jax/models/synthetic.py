@@ -25,8 +25,15 @@ import random
 import shutil
 import tempfile
 
+import jax.numpy as jnp
+import numpy as np
+from flax import nnx
+from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
+
 from flexmarl_jax.models.chat_template import TEMPLATE_FILE, TOKENIZER_CONFIG_FILE, ChatTemplate
+from flexmarl_jax.models.checkpoint import save_pretrained
 from flexmarl_jax.models.config import ModelConfig
+from flexmarl_jax.models.functional import abstract_model
 
 # The template sources below are written for this project. They lean on the renderer's settings the way
 # published templates do: trim_blocks drops the newline after a block tag, lstrip_blocks the indentation
@@ -207,8 +214,6 @@ def make_checkpoint(
 
 
 def _write_checkpoint(out_dir: str, architecture: str, size: str, seed: int, chat_template_file: bool, vocab_size: int):
-    from flexmarl_jax.models.checkpoint import save_pretrained
-
     style = _family(architecture).style
     tokenizer_json = trained_tokenizer_json(style.name, vocab_size)
     token_ids = {token["content"]: token["id"] for token in json.loads(tokenizer_json)["added_tokens"]}
@@ -254,12 +259,6 @@ def random_params(config: ModelConfig, seed: int):
     numpy rather than `init_params` because the latter compiles an initializer per architecture, which
     costs seconds on a 2-core CPU; these fixtures are made in well under one.
     """
-    import jax.numpy as jnp
-    import numpy as np
-    from flax import nnx
-
-    from flexmarl_jax.models.functional import abstract_model
-
     graphdef, abstract = abstract_model(config)
     rng = np.random.default_rng(seed)
     drawn = []
@@ -276,8 +275,6 @@ def trained_tokenizer_json(style_name: str, vocab_size: int) -> str:
 
     The corpus supports vocabularies up to about 3400 ids; a larger `vocab_size` gives that many.
     """
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
-
     style = _STYLES[style_name]
     tokenizer = Tokenizer(models.BPE())
     # Digits one by one (as Qwen does), then GPT-2's byte-level split: any text encodes, no unknown token.

@@ -8,6 +8,8 @@ import os
 import string
 from typing import Protocol, runtime_checkable
 
+from tokenizers import Tokenizer as _HFTok
+
 from flexmarl_jax.models.chat_template import TOKENIZER_CONFIG_FILE, ChatTemplate, find_chat_template
 
 
@@ -86,8 +88,6 @@ class HFTokenizer:
     """
 
     def __init__(self, path: str | os.PathLike):
-        from tokenizers import Tokenizer as _HFTok  # lazy: keeps `import flexmarl_jax.models` light
-
         path = os.fspath(path)
         directory, file = (
             (path, os.path.join(path, "tokenizer.json"))

@@ -21,6 +21,9 @@ import os
 import shutil
 import string
 
+from tokenizers import AddedToken, Regex, decoders, models, pre_tokenizers, processors
+from tokenizers import Tokenizer as FastTokenizer
+
 from flexmarl_jax.models.tokenizer import CharTokenizer
 
 # Files of a HF checkpoint directory that describe its tokenizer and decoding defaults (the slow-tokenizer
@@ -45,8 +48,6 @@ _CHAR_UNK_TEXT = "\ufffd"
 
 def _byte_level(text: str) -> str:
     """``text`` as the byte-level pre-tokenizer spells it (each UTF-8 byte as one printable character)."""
-    from tokenizers import pre_tokenizers
-
     pieces = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False).pre_tokenize_str(text)
     return "".join(piece for piece, _ in pieces)
 
@@ -85,9 +86,6 @@ def write_char_tokenizer(directory: str | os.PathLike, tokenizer: CharTokenizer,
     `tokenizers` and our `HFTokenizer`; for texts of `string.printable` characters under transformers 5, see
     the module docstring).
     """
-    from tokenizers import AddedToken, Regex, decoders, models, pre_tokenizers, processors
-    from tokenizers import Tokenizer as FastTokenizer
-
     directory = os.fspath(directory)
     fast = FastTokenizer(models.WordLevel(char_tokenizer_vocab(tokenizer), unk_token=_byte_level(_CHAR_UNK_TEXT)))
     # One piece per character, whitespace included ([\s\S]: "." would skip newlines), then spelt byte-level: a

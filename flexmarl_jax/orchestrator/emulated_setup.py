@@ -32,8 +32,9 @@ from flexmarl_jax.emulation.training_pool import EmulatedSharedTraining
 from flexmarl_jax.metrics import Timeline
 from flexmarl_jax.models.sources import ModelSource
 from flexmarl_jax.orchestrator.agents import AgentRuntime, agent_trainer_config, sampling_for
-from flexmarl_jax.orchestrator.rollout_setup import RolloutHandle, TimedInstance, backend_for, engine_config_for
+from flexmarl_jax.orchestrator.rollout_setup import RolloutHandle, TimedInstance, backend_for
 from flexmarl_jax.orchestrator.shared_training import DedicatedTraining
+from flexmarl_jax.rollout.settings import engine_config_for
 
 
 @dataclasses.dataclass(frozen=True)

@@ -18,9 +18,14 @@ import tempfile
 from collections.abc import Callable
 from typing import TypeVar
 
+from flexmarl_jax.config import RunConfig
 from flexmarl_jax.config.errors import ConfigError
 from flexmarl_jax.models.config import ModelConfig
-from flexmarl_jax.models.tokenizer import Tokenizer
+from flexmarl_jax.models.hf_directory import inspect_checkpoint_dir, is_checkpoint_dir
+from flexmarl_jax.models.presets import get_preset
+from flexmarl_jax.models.tokenizer import CharTokenizer, Tokenizer
+from flexmarl_jax.models.tokenizer_files import copy_tokenizer_files, write_char_tokenizer
+from flexmarl_jax.train.checkpoint_integrity import CheckpointCorrupted
 
 T = TypeVar("T")
 
@@ -71,6 +76,7 @@ def export_agent(workdir: str, agent: str, out: str, *, policy_version: int | No
 
     snapshot = restore_matching_policy(checkpoints, policy_version, source, agent)
     files = write_directory(out, "export", lambda staging: _write_model_dir(staging, snapshot, source))
+    # lazy: cli/import_gguf.py imports this module; `flexmarl import-gguf` needs no JAX (~1 s)
     import jax
 
     from flexmarl_jax.models.functional import param_count
@@ -83,8 +89,6 @@ def export_agent(workdir: str, agent: str, out: str, *, policy_version: int | No
 def read_run_config(workdir: str):
     """The `RunConfig` a `flexmarl train` workdir was written with (its config.json); ExportError (one line)
     when the file is missing or invalid."""
-    from flexmarl_jax.config import RunConfig
-
     path = os.path.join(workdir, "config.json")
     if not os.path.isfile(path):
         raise ExportError(f"{path} not found: WORKDIR must be a directory written by `flexmarl train`")
@@ -102,9 +106,6 @@ def agent_source(config, agent: str, workdir: str) -> _Source:
         raise ExportError(f"unknown agent {agent!r}; agents in {os.path.join(workdir, 'config.json')}: "
                           f"{', '.join(config.agents)}")
     model = config.agents[agent].model
-    from flexmarl_jax.models.hf_directory import inspect_checkpoint_dir, is_checkpoint_dir
-    from flexmarl_jax.models.presets import get_preset
-    from flexmarl_jax.models.tokenizer import CharTokenizer
 
     if not is_checkpoint_dir(model):
         return _Source(model, get_preset(model), CharTokenizer(), None)
@@ -118,6 +119,7 @@ def agent_source(config, agent: str, workdir: str) -> _Source:
 def saved_checkpoints(workdir: str, agent: str, policy_version: int | None) -> str:
     """``agent``'s checkpoint directory in ``workdir``, after checking it holds ``policy_version`` (None: any
     version); ExportError (one line, naming the saved versions) when it does not."""
+    # lazy: train.checkpoint loads JAX and Orbax, which `flexmarl import-gguf` (cli/import_gguf.py) needs not
     from flexmarl_jax.train.checkpoint import CHECKPOINT_DIR, checkpoint_versions
 
     checkpoints = os.path.join(workdir, CHECKPOINT_DIR, agent)
@@ -148,8 +150,8 @@ def _check_output(out: str, force: bool, protected: list[str]) -> None:
 def restore_matching_policy(checkpoints: str, policy_version: int | None, source: _Source, agent: str):
     """The saved policy, after checking that the agent's model source still describes it (the tokenizer
     files come from that source, so a source that changed since training would export the wrong ones)."""
+    # lazy: train.checkpoint loads JAX and Orbax, which `flexmarl import-gguf` (cli/import_gguf.py) needs not
     from flexmarl_jax.train.checkpoint import restore_policy
-    from flexmarl_jax.train.checkpoint_integrity import CheckpointCorrupted
 
     try:
         snapshot = restore_policy(checkpoints, policy_version)
@@ -167,8 +169,8 @@ def restore_matching_policy(checkpoints: str, policy_version: int | None, source
 
 
 def _write_model_dir(directory: str, snapshot, source: _Source) -> list[str]:
+    # lazy: models.checkpoint loads JAX, which `flexmarl import-gguf` (cli/import_gguf.py) needs not
     from flexmarl_jax.models.checkpoint import save_pretrained
-    from flexmarl_jax.models.tokenizer_files import copy_tokenizer_files, write_char_tokenizer
 
     files = save_pretrained((snapshot.graphdef, snapshot.params), directory)
     if source.checkpoint_dir is not None:

@@ -24,7 +24,9 @@ from flexmarl_jax.config.workflow_from_config import (
     team_agents,
     workflow_from_config,
 )
-from flexmarl_jax.models.sources import ModelSource
+from flexmarl_jax.emulation.spec import parse_emulate
+from flexmarl_jax.models.sources import ModelSource, resolve_model
+from flexmarl_jax.rollout.backend import encode_prompt
 from flexmarl_jax.workflows import Task, Workflow
 from flexmarl_jax.workflows.splits import EVAL_PROBLEMS_SEED, TrainEvalSplit
 
@@ -71,8 +73,6 @@ def preflight(config: RunConfig) -> Preflight:
 
 def read_model_sources(config: RunConfig) -> dict[str, ModelSource]:
     """agent -> its model source; a checkpoint that cannot be used is a ConfigError naming the agent's field."""
-    from flexmarl_jax.models.sources import resolve_model
-
     sources = {}
     for agent in team_agents(config.workflow):
         try:
@@ -94,8 +94,6 @@ def check_context_length(config: RunConfig, sources: Mapping[str, ModelSource]) 
 
 def check_emulated_context_length(config: RunConfig) -> None:
     """A prompt plus its response must fit the emulated model's positions (`pipeline.emulate`'s MODEL)."""
-    from flexmarl_jax.emulation.spec import parse_emulate
-
     needed = config.rollout.max_prompt_length + config.rollout.max_response_length
     device = parse_emulate(config.pipeline.emulate)
     if needed > device.model.max_position_embeddings:
@@ -109,8 +107,6 @@ def check_first_turn_prompts(config: RunConfig, workflow: Workflow, task: Task,
     """Renders every root node's prompt for the task's problems (every line of a file, and every eval problem)
     with the node's agent's tokenizer; the first one longer than `rollout.max_prompt_length` is a ConfigError
     naming it."""
-    from flexmarl_jax.rollout.backend import encode_prompt
-
     problems = first_turn_problems(config, task)
     limit = config.rollout.max_prompt_length
     for node in workflow.roots():

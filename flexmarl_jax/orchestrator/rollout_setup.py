@@ -32,7 +32,7 @@ from flexmarl_jax.rollout.instance import EngineInstance
 from flexmarl_jax.rollout.protocols import RoutableInstance
 from flexmarl_jax.rollout.routed_backend import RoutedBackend
 from flexmarl_jax.rollout.router import RequestRouter
-from flexmarl_jax.rollout.settings import EngineConfig
+from flexmarl_jax.rollout.settings import engine_config_for
 from flexmarl_jax.transfer import across_processes
 from flexmarl_jax.transfer.across_processes import spans_processes
 
@@ -90,13 +90,6 @@ class RolloutHandle:
         self.backend.close()
         for instance in self.instances:
             instance.flush_span()
-
-
-def engine_config_for(config: RunConfig, agent: str) -> EngineConfig:
-    """``agent``'s engine shapes: its own decode slots (agents.<name>.decode_slots, 0 = rollout.decode_slots)."""
-    return EngineConfig(max_concurrent_decodes=config.agents[agent].decode_slots or config.rollout.decode_slots,
-                        max_prefill_length=config.rollout.max_prompt_length,
-                        max_decode_length=config.rollout.max_response_length)
 
 
 def start_engines(config: RunConfig, runtimes: Mapping[str, AgentRuntime], timeline: Timeline

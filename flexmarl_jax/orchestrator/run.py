@@ -26,6 +26,8 @@ from flexmarl_jax import faults, metrics, workdir_paths
 from flexmarl_jax.config import ConfigError, RunConfig
 from flexmarl_jax.config.workflow_from_config import team_agents
 from flexmarl_jax.distributed.leader import is_leader, leader_value
+from flexmarl_jax.metrics import plots
+from flexmarl_jax.orchestrator import emulated_setup as emulated
 from flexmarl_jax.orchestrator.agents import (
     AgentRuntime,
     agent_layout,
@@ -145,8 +147,6 @@ def _build_emulated(config: RunConfig, checked: Preflight, timeline: metrics.Tim
     trainers, engines and weight sync (orchestrator/emulated_setup.py). No weights exist, so nothing is
     restored, warmed up or checkpointed (the journal still keeps each iteration's record): an emulated run
     always starts at iteration 0."""
-    from flexmarl_jax.orchestrator import emulated_setup as emulated
-
     emulation = emulated.Emulation.from_config(config)
     workdir_path(config.workdir).mkdir(parents=True, exist_ok=True)  # the journal's files (below) live there
     timeline = metrics.Timeline() if timeline is None else timeline
@@ -378,7 +378,6 @@ def _run_locked(config: RunConfig, gantt_iterations: int | None) -> int:
         print(f"run finished in {time.monotonic() - started:.1f}s (process {jax.process_index()}; process 0 wrote "
               f"the metrics and plots)")
         return 0
-    from flexmarl_jax.metrics import plots
 
     paths = plots.plot_all(workdir, timeline, gantt_iterations=gantt_iterations)
     print(f"run finished in {time.monotonic() - started:.1f}s; metrics: {workdir_path(workdir, 'metrics.jsonl')}; "

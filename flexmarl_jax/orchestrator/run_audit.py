@@ -30,6 +30,7 @@ from collections.abc import Mapping, Sequence
 
 import numpy as np
 
+from flexmarl_jax.store import ExperienceStore
 from flexmarl_jax.store.schema import RowState
 
 # A redone iteration's input ids end with r<attempt> (JointOrchestrator.problems_for); base task ids end with a
@@ -153,8 +154,6 @@ def _applied_attempt(attempts: Mapping[str, np.ndarray], consumed: Mapping[str, 
 
 def audit_workdir(workdir: str, *, iterations: int, expected_rows: Mapping[str, int | None]) -> StoreAudit:
     """`audit_rows` over the durable store of `workdir` (file backend), read as a resumed run would open it."""
-    from flexmarl_jax.store import ExperienceStore
-
     store = ExperienceStore.open(workdir, backend="file", must_exist=True)
     try:
         tables = {}

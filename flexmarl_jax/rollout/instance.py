@@ -36,6 +36,7 @@ from typing import Any
 import jax
 
 from flexmarl_jax import faults
+from flexmarl_jax.models.functional import param_shardings
 from flexmarl_jax.rollout.engine import FlexEngine, pad_prompt
 from flexmarl_jax.rollout.loop import RolloutLoop, RolloutRequest
 from flexmarl_jax.rollout.progress import StepProgress
@@ -105,8 +106,6 @@ class EngineInstance:
         **kwargs: Any,
     ) -> EngineInstance:
         """Builds the engine on `mesh` and places `params` there (sharded by the model's rules)."""
-        from flexmarl_jax.models.functional import param_shardings
-
         params = jax.device_put(params, param_shardings(params, mesh))
         # The instance serves its own params and swaps them on every sync; an engine that kept these for
         # `load_params` would hold a dead copy of the whole model from the first sync on.

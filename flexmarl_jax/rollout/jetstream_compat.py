@@ -162,6 +162,7 @@ def load_orchestrator() -> types.ModuleType:
     if not JETSTREAM_AVAILABLE:
         raise ImportError(f"JetStream is not importable: {JETSTREAM_IMPORT_ERROR}") from JETSTREAM_IMPORT_ERROR
     with _root_logger_kept(), _native_stderr_diverted():
+        # lazy: pulls TensorFlow (5.2 s); only the serving Driver needs it (tests/rollout/test_jetstream_driver.py)
         from jetstream.core import orchestrator
     if not hasattr(orchestrator.jax, "tree_map"):
         orchestrator.jax = _JaxWithTreeMap("jax")

@@ -1,4 +1,5 @@
-"""Rollout settings that must be checked before any JAX code runs.
+"""Rollout settings that must be checked before any JAX code runs, and an agent's `EngineConfig` from the run
+config (`engine_config_for`).
 
 Pure Python (no JAX import) so that config validation can call it when a config
 loads. Every error names the field, the offending value and what is allowed.
@@ -8,6 +9,10 @@ from __future__ import annotations
 
 import dataclasses
 import enum
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from flexmarl_jax.config import RunConfig
 
 
 class VersionSwapPolicy(enum.StrEnum):
@@ -60,7 +65,8 @@ def default_prefill_buckets(max_prefill_length: int, smallest: int = 16) -> tupl
 
 @dataclasses.dataclass(frozen=True)
 class EngineConfig:
-    """Static shape settings of one FlexEngine; changing any of them means recompiling.
+    """Static shape settings of one FlexEngine; changing any of them means recompiling. No defaults of its own:
+    a run's comes from `engine_config_for` (below).
 
     max_concurrent_decodes: decode slots (rows of the decode batch).
     max_prefill_length:     longest prompt in tokens (BOS included).
@@ -68,6 +74,7 @@ class EngineConfig:
                             max_prefill_length + max_decode_length positions.
     prefill_buckets:        prompt lengths prefill is compiled for (ascending, ending at
                             max_prefill_length); a prompt is right-padded to the next bucket.
+                            None = `default_prefill_buckets(max_prefill_length)`.
     truncate_long_prompts:  keep the last max_prefill_length tokens of a longer prompt
                             instead of raising.
     prefill_batch_sizes:    how many prompts of one bucket the in-process loop may prefill in
@@ -75,12 +82,12 @@ class EngineConfig:
                             per bucket. The JetStream API path always prefills one prompt.
     """
 
-    max_concurrent_decodes: int = 8
-    max_prefill_length: int = 64
-    max_decode_length: int = 64
-    prefill_buckets: tuple[int, ...] | None = None
-    truncate_long_prompts: bool = False
-    prefill_batch_sizes: tuple[int, ...] = (1,)
+    max_concurrent_decodes: int
+    max_prefill_length: int
+    max_decode_length: int
+    prefill_buckets: tuple[int, ...] | None
+    truncate_long_prompts: bool
+    prefill_batch_sizes: tuple[int, ...]
 
     def __post_init__(self) -> None:
         for name in ("max_concurrent_decodes", "max_prefill_length", "max_decode_length"):
@@ -128,3 +135,14 @@ class EngineConfig:
             f"prompt has {prompt_length} tokens, more than max_prefill_length={self.max_prefill_length} "
             "(set truncate_long_prompts=True to keep the last tokens instead)"
         )
+
+
+def engine_config_for(config: RunConfig, agent: str) -> EngineConfig:
+    """``agent``'s engine shapes in a run: its own decode slots (agents.<name>.decode_slots, 0 =
+    rollout.decode_slots), prompts up to rollout.max_prompt_length tokens (prefill buckets: powers of two up to
+    it; a longer prompt is an error), at most rollout.max_response_length new tokens, and one prompt per prefill
+    call. Reads only those fields."""
+    return EngineConfig(max_concurrent_decodes=config.agents[agent].decode_slots or config.rollout.decode_slots,
+                        max_prefill_length=config.rollout.max_prompt_length,
+                        max_decode_length=config.rollout.max_response_length,
+                        prefill_buckets=None, truncate_long_prompts=False, prefill_batch_sizes=(1,))

@@ -19,7 +19,22 @@ import itertools
 from collections.abc import Sequence
 from typing import IO, Any
 
-from flexmarl_jax.serve.served_agent import ServedAgent, load_agent, read_run, serving_engine_config
+import jax
+
+from flexmarl_jax.config.workflow_from_config import team_agents, workflow_from_config
+from flexmarl_jax.mesh.meshes import make_mesh
+from flexmarl_jax.rollout.backend import EngineBackend
+from flexmarl_jax.rollout.instance import EngineInstance
+from flexmarl_jax.rollout.loop import RolloutLoop, RolloutRequest
+from flexmarl_jax.serve.served_agent import (
+    ServedAgent,
+    build_engine,
+    check_jetstream_shapes,
+    load_agent,
+    read_run,
+    serving_engine_config,
+)
+from flexmarl_jax.workflows import Problem, SamplingParams, WorkflowExecutor
 
 QUIT_COMMANDS = ("/quit", "/exit")
 
@@ -28,11 +43,6 @@ class AgentChat:
     """One agent answering greedily in process (a `RolloutLoop` over its own `FlexEngine`)."""
 
     def __init__(self, agent: ServedAgent, run: Any, device: Any = None):
-        import jax
-
-        from flexmarl_jax.rollout.loop import RolloutLoop
-        from flexmarl_jax.serve.served_agent import build_engine
-
         self.agent, self.run = agent, run
         # The engine shapes `flexmarl serve` uses, so in-process answers are the served ones.
         self.engine_config = serving_engine_config(run, agent.name)
@@ -54,8 +64,6 @@ class AgentChat:
 
     def generate_ids(self, prompt_ids: Sequence[int], max_new_tokens: int | None = None) -> list[int]:
         """Greedy continuation of ``prompt_ids`` (BOS included if wanted), without the stop token that ends it."""
-        from flexmarl_jax.rollout.loop import RolloutRequest
-
         limit = max_new_tokens or self.engine_config.max_decode_length
         (result,) = self.loop.generate([RolloutRequest(tuple(prompt_ids), max_new_tokens=limit)])[0]
         stop_ids = set(getattr(self.agent.tokenizer, "stop_ids", ()) or (self.agent.tokenizer.eos_id,))
@@ -93,15 +101,6 @@ class TeamChat:
     """The run's whole workflow answering greedily: one engine instance per agent behind an `EngineBackend`."""
 
     def __init__(self, agents: dict[str, ServedAgent], run: Any):
-        import jax
-
-        from flexmarl_jax.config.workflow_from_config import workflow_from_config
-        from flexmarl_jax.mesh.meshes import make_mesh
-        from flexmarl_jax.rollout.backend import EngineBackend
-        from flexmarl_jax.rollout.instance import EngineInstance
-        from flexmarl_jax.serve.served_agent import check_jetstream_shapes
-        from flexmarl_jax.workflows import SamplingParams, WorkflowExecutor
-
         self.run = run
         chat_models = all(getattr(agent.tokenizer, "chat_template", None) is not None for agent in agents.values())
         self.workflow = workflow_from_config(run.workflow, chat_models=chat_models)
@@ -124,15 +123,11 @@ class TeamChat:
 
     @classmethod
     def load(cls, workdir: str, *, version: int | None = None) -> TeamChat:
-        from flexmarl_jax.config.workflow_from_config import team_agents
-
         run = read_run(workdir)
         agents = {name: load_agent(workdir, name, version=version, run=run) for name in team_agents(run.workflow)}
         return cls(agents, run)
 
     def ask(self, question: str) -> TeamAnswer:
-        from flexmarl_jax.workflows import Problem
-
         problem = Problem(input_id=f"chat{next(self._numbers)}", prompt=question, answer="")
         (trajectory,) = self.executor.run([problem]).trajectories
         order = {node: index for index, node in enumerate(self.workflow.nodes)}

@@ -16,8 +16,20 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
+import jax
+
+from flexmarl_jax.mesh.meshes import make_mesh
 from flexmarl_jax.models.config import ModelConfig
-from flexmarl_jax.rollout.settings import EngineConfig
+from flexmarl_jax.models.functional import param_shardings
+from flexmarl_jax.orchestrator.export import (
+    ExportError,
+    agent_source,
+    read_run_config,
+    restore_matching_policy,
+    saved_checkpoints,
+)
+from flexmarl_jax.rollout.engine import FlexEngine
+from flexmarl_jax.rollout.settings import EngineConfig, engine_config_for
 
 # The prompt lengths JetStream 0.2.2's token_utils.pad_tokens knows (its default prefill_lengths).
 JETSTREAM_PREFILL_LENGTHS = tuple(2**power for power in range(4, 16))
@@ -41,8 +53,6 @@ class ServedAgent:
 
 def read_run(workdir: str):
     """The run's `RunConfig`; ServeError when WORKDIR holds no valid config.json."""
-    from flexmarl_jax.orchestrator.export import ExportError, read_run_config
-
     try:
         return read_run_config(workdir)
     except ExportError as error:
@@ -55,8 +65,6 @@ def load_agent(workdir: str, agent: str, *, version: int | None = None, run=None
     Raises ServeError for an unknown agent (naming the run's agents), a version that was not saved (naming the
     saved ones), or a checkpoint that no longer matches the agent's model.
     """
-    from flexmarl_jax.orchestrator.export import ExportError, agent_source, restore_matching_policy, saved_checkpoints
-
     run = read_run(workdir) if run is None else run
     try:
         source = agent_source(run, agent, workdir)
@@ -85,10 +93,11 @@ def serving_engine_config(run, agent: str, *, slots: int = 0, max_new_tokens: in
     if max_new_tokens < 0:
         raise ServeError(f"--max-new-tokens {max_new_tokens} must be >= 0 (0: rollout.max_response_length)")
     prefill = jetstream_prefill_length(run.rollout.max_prompt_length)
-    return EngineConfig(max_concurrent_decodes=slots or run.agents[agent].decode_slots or run.rollout.decode_slots,
-                        max_prefill_length=prefill,
-                        max_decode_length=max_new_tokens or run.rollout.max_response_length,
-                        prefill_buckets=tuple(n for n in JETSTREAM_PREFILL_LENGTHS if n <= prefill))
+    shapes = engine_config_for(run, agent)  # the run's: slots, response length, the rest of the engine's settings
+    return dataclasses.replace(shapes, max_concurrent_decodes=slots or shapes.max_concurrent_decodes,
+                               max_prefill_length=prefill,
+                               max_decode_length=max_new_tokens or shapes.max_decode_length,
+                               prefill_buckets=tuple(n for n in JETSTREAM_PREFILL_LENGTHS if n <= prefill))
 
 
 def check_jetstream_shapes(engine_config: EngineConfig, model_config: ModelConfig, agent: str) -> None:
@@ -107,12 +116,6 @@ def build_engine(agent: ServedAgent, engine_config: EngineConfig, device: Any):
 
     Returns (engine, params). Nothing is compiled yet: call `engine.warm_up(params)` before taking requests.
     """
-    import jax
-
-    from flexmarl_jax.mesh.meshes import make_mesh
-    from flexmarl_jax.models.functional import param_shardings
-    from flexmarl_jax.rollout.engine import FlexEngine
-
     check_jetstream_shapes(engine_config, agent.model_config, agent.name)
     mesh = make_mesh([device], fsdp=1)
     params = jax.device_put(agent.params, param_shardings(agent.params, mesh))

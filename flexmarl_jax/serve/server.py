@@ -23,6 +23,7 @@ from concurrent import futures
 from typing import Any
 
 import grpc
+from prometheus_client import start_http_server
 
 from flexmarl_jax.rollout.jetstream_compat import driver_engine, jetstream_pb2_grpc
 from flexmarl_jax.serve.request_checks import RequestLimits
@@ -127,8 +128,6 @@ async def serve_until_signalled(agents: Sequence[PreparedAgent], *, host: str, p
     for signal_number in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(signal_number, stop.set)
     if metrics_port:
-        from prometheus_client import start_http_server
-
         try:
             start_http_server(metrics_port, addr=host)
         except OSError as error:

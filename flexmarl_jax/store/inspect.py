@@ -5,6 +5,8 @@ from __future__ import annotations
 import io
 
 import numpy as np
+from rich.console import Console
+from rich.table import Table
 
 from flexmarl_jax.store.layout import store_url
 from flexmarl_jax.store.store import ExperienceStore
@@ -49,7 +51,7 @@ def _versions_text(versions: dict[str, list[int]]) -> str:
 
 
 def format_store_summary(workdir: str) -> str:
-    """The summary as a table (rich when available), or one line saying there is no store."""
+    """The summary as a (rich) table, or one line saying there is no store."""
     try:
         summary = summarize_store(workdir)
     except FileNotFoundError:
@@ -59,15 +61,6 @@ def format_store_summary(workdir: str) -> str:
     columns = ", ".join(f"{name}:{kind}" for name, kind in (summary[0]["columns"] if summary else {}).items())
     title = f"experience store {store_url(workdir)}"
     note = f"data columns: {columns}\n(claims are in-memory leases, so a stored table shows none claimed)"
-    try:
-        from rich.console import Console
-        from rich.table import Table
-    except ImportError:
-        widths = [max(len(row[i]) for row in [headers, *body]) for i in range(len(headers))]
-        lines = [title] + [
-            "  ".join(cell.ljust(w) for cell, w in zip(row, widths, strict=True)) for row in [headers, *body]
-        ]
-        return "\n".join([*lines, note])
     table = Table(title=title, title_justify="left")
     for i, header in enumerate(headers):
         table.add_column(header, justify="right" if 0 < i < 7 else "left")

@@ -2,7 +2,9 @@
 
 Reads only: train.{algorithm, learning_rate, micro_batch_size, rows_per_pass, max_staleness, tis_cap, remat},
 rollout.{max_prompt_length, max_response_length} and agents.<name>.{learning_rate, dtype, fp32_master_weights,
-temperature, top_k, top_p}.
+temperature, top_k, top_p}. `TrainerConfig`, its `OptimizerConfig` and `LossConfig` have no defaults of their own:
+what a run does not choose is set here (`OPTIMIZER_SETTINGS`, the in-step flags) and in the algorithm's loss
+preset (`algorithms.LOSS_SETTINGS`).
 """
 
 from __future__ import annotations
@@ -15,6 +17,9 @@ from flexmarl_jax.train.trainer import TrainerConfig
 
 if TYPE_CHECKING:
     from flexmarl_jax.config import RunConfig
+
+# The optimizer settings a run does not choose (no `RunConfig` field); the learning rate is the agent's.
+OPTIMIZER_SETTINGS = dict(name="adamw", weight_decay=0.0, b1=0.9, b2=0.999, eps=1e-8, max_grad_norm=1.0)
 
 
 def trainer_config_for(config: RunConfig, agent: str, **loss_overrides) -> TrainerConfig:
@@ -34,7 +39,10 @@ def trainer_config_for(config: RunConfig, agent: str, **loss_overrides) -> Train
         micro_batch_size=config.train.micro_batch_size,
         max_len=config.rollout.max_prompt_length + config.rollout.max_response_length - 1,
         loss=loss_config_for(config.train.algorithm, **loss_overrides),
-        optimizer=OptimizerConfig(learning_rate=learning_rate),
+        optimizer=OptimizerConfig(learning_rate=learning_rate, **OPTIMIZER_SETTINGS),
+        reference_in_step=True,  # the KL's reference log-probs from a frozen copy of the initial policy
+        old_logprobs_in_step=True,  # the old policy is the parameters of the iteration (exact, no extra pass)
+        donate_params=False,  # a colocated engine may still hold the trainer's parameters
         dtype=settings.dtype,
         fp32_master_weights=settings.fp32_master_weights,
         remat=config.train.remat,

@@ -31,23 +31,25 @@ from flexmarl_jax.train.advantages import ADVANTAGES
 from flexmarl_jax.train.batch import MicroBatch
 from flexmarl_jax.train.normalizers import AGGREGATIONS
 from flexmarl_jax.train.registry import Registry
+from flexmarl_jax.train.rules import tis_cap_problem
 
 
 @dataclasses.dataclass(frozen=True)
 class LossConfig:
-    """What an agent's trainer optimises (hashable: it is a static argument of the jitted step)."""
+    """What an agent's trainer optimises (hashable: it is a static argument of the jitted step). No defaults of
+    its own: an algorithm's preset (`algorithms.loss_config_for`) gives every field."""
 
-    name: str = "grpo"  # registered loss: "grpo" or "ppo"
-    aggregation: str = "token_mean"  # "token_mean" | "seq_mean" | "seq_mean_token_sum_norm" (Dr.GRPO)
-    advantage_estimator: str = "grpo"  # "grpo" | "drgrpo" | "rloo" (group-relative); PPO uses GAE
-    clip_eps_low: float = 0.2  # ratio lower clip 1 - eps_low
-    clip_eps_high: float = 0.2  # ratio upper clip 1 + eps_high; DAPO "clip-higher" uses e.g. 0.28
-    kl_coef: float = 0.0  # weight of the k3 KL to the frozen reference; 0 disables it
-    tis_cap: float | None = None  # truncated importance-sampling cap for stale samples; None disables
-    value_coef: float = 0.5  # PPO: weight of the value loss
-    value_clip: float = 0.2  # PPO: clip of the value change around old_values
-    gamma: float = 1.0  # PPO/GAE discount
-    gae_lambda: float = 0.95  # PPO/GAE lambda
+    name: str  # registered loss: "grpo" or "ppo"
+    aggregation: str  # "token_mean" | "seq_mean" | "seq_mean_token_sum_norm" (Dr.GRPO)
+    advantage_estimator: str  # "grpo" | "drgrpo" | "rloo" (group-relative); PPO uses GAE
+    clip_eps_low: float  # ratio lower clip 1 - eps_low
+    clip_eps_high: float  # ratio upper clip 1 + eps_high; DAPO "clip-higher" uses e.g. 0.28
+    kl_coef: float  # weight of the k3 KL to the frozen reference; 0 disables it
+    tis_cap: float | None  # truncated importance-sampling cap for stale samples; None disables
+    value_coef: float  # PPO: weight of the value loss
+    value_clip: float  # PPO: clip of the value change around old_values
+    gamma: float  # PPO/GAE discount
+    gae_lambda: float  # PPO/GAE lambda
 
     def __post_init__(self):
         LOSSES.get(self.name)  # raise early with the allowed names
@@ -58,8 +60,9 @@ class LossConfig:
                              f"clip_eps_high={self.clip_eps_high} >= 0")
         if self.kl_coef < 0:
             raise ValueError(f"kl_coef={self.kl_coef} must be >= 0")
-        if self.tis_cap is not None and self.tis_cap < 1.0:
-            raise ValueError(f"tis_cap={self.tis_cap} must be >= 1 (or None to disable)")
+        problem = None if self.tis_cap is None else tis_cap_problem(self.tis_cap)
+        if problem:
+            raise ValueError(f"tis_cap={self.tis_cap} {problem} (or None to disable)")
 
     @property
     def needs_values(self) -> bool:

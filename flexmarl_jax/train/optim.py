@@ -12,15 +12,16 @@ from flexmarl_jax.train.registry import Registry
 
 @dataclasses.dataclass(frozen=True)
 class OptimizerConfig:
-    """One agent's optimizer; `name` picks a registered optimizer."""
+    """One agent's optimizer; `name` picks a registered optimizer. No defaults of its own: a run's comes from
+    `train.from_config.trainer_config_for`."""
 
-    name: str = "adamw"  # "adamw" | "adam" | "sgd"
-    learning_rate: float = 1e-3  # constant learning rate of this agent
-    weight_decay: float = 0.0  # decoupled weight decay (adamw only)
-    b1: float = 0.9
-    b2: float = 0.999
-    eps: float = 1e-8
-    max_grad_norm: float | None = 1.0  # clip the accumulated gradient's global norm; None disables
+    name: str  # "adamw" | "adam" | "sgd"
+    learning_rate: float  # constant learning rate of this agent
+    weight_decay: float  # decoupled weight decay (adamw only)
+    b1: float
+    b2: float
+    eps: float
+    max_grad_norm: float | None  # clip the accumulated gradient's global norm; None disables
 
     def __post_init__(self):
         OPTIMIZERS.get(self.name)

@@ -1,5 +1,9 @@
 """`TrainerConfig`: the static settings of one agent's trainer (its view of the run config is built by
 `train.from_config.trainer_config_for`); the trainer (trainer.py) and its jitted steps (steps.py) read it.
+
+It has no defaults of its own: every field comes from the builder (a test builds one from `RunConfig()` and
+replaces what it needs), and every rule it checks that the config checks too is one function both call
+(`train/rules.py`, `models/dtypes.master_weights_problem`).
 """
 
 from __future__ import annotations
@@ -10,6 +14,7 @@ from flexmarl_jax.models.dtypes import PARAM_DTYPES, master_weights_problem
 from flexmarl_jax.train.batch import length_buckets
 from flexmarl_jax.train.losses import LossConfig
 from flexmarl_jax.train.optim import OptimizerConfig
+from flexmarl_jax.train.rules import rows_per_pass_problem, temperature_problem, top_k_problem, top_p_problem
 
 
 @dataclasses.dataclass(frozen=True)
@@ -18,48 +23,50 @@ class TrainerConfig:
 
     micro_batch_size: int  # rows per micro-batch (the static batch dim of every step)
     max_len: int  # longest sequence of a micro-batch (prompt + response - 1 fits in it); the last length bucket
-    loss: LossConfig = LossConfig()
-    optimizer: OptimizerConfig = OptimizerConfig()
+    loss: LossConfig
+    optimizer: OptimizerConfig
     # When the KL is on, compute reference log-probs inside the step from a frozen copy of the initial
     # policy; False uses the `ref_logprobs` the micro-batch carries.
-    reference_in_step: bool = True
+    reference_in_step: bool
     # The parameters do not change inside an iteration, so they *are* the old policy: take the PPO
     # ratio's denominator from the same forward pass (exact, no extra pass, ratio == 1), and the truncated
     # IS weight's numerator, the old policy's sampling distribution (below), from the same logits.
     # False uses batch.old_logprobs and batch.old_sampling_logprobs.
-    old_logprobs_in_step: bool = True
+    old_logprobs_in_step: bool
     # How the agent's rollouts sample: the engine records behaviour log-probs of this distribution
     # (models/sampling_distribution.py), so the truncated IS weight evaluates the old policy under it too.
     # A top-k or top-p filter sorts the vocabulary at every trained position (with truncated IS only).
-    sampling_temperature: float = 1.0
-    sampling_top_k: int = 0  # 0 = no top-k filter
-    sampling_top_p: float = 1.0
+    sampling_temperature: float
+    sampling_top_k: int  # 0 = no top-k filter
+    sampling_top_p: float
     # Donating params saves one parameter copy at apply time, but invalidates arrays anyone else still
     # holds (e.g. a colocated rollout engine that received `trainer.params`), so it is opt-in.
-    donate_params: bool = False
-    dtype: str = "float32"  # parameters and compute: a name in models/dtypes.PARAM_DTYPES
-    fp32_master_weights: bool = False  # bfloat16 only: the optimizer updates a float32 copy of the parameters
-    remat: bool = False  # recompute each decoder layer in the backward pass instead of keeping its activations
+    donate_params: bool
+    dtype: str  # parameters and compute: a name in models/dtypes.PARAM_DTYPES
+    fp32_master_weights: bool  # bfloat16 only: the optimizer updates a float32 copy of the parameters
+    remat: bool  # recompute each decoder layer in the backward pass instead of keeping its activations
     # Rows one forward+backward pass takes (0 = the whole micro-batch): a micro-batch is split into passes of
     # this many rows whose gradients add up in the accumulator, so peak activation memory (the float32
     # logits over a 150k vocabulary above all) follows this, not the micro-batch the pipeline claims.
-    rows_per_pass: int = 0
+    rows_per_pass: int
 
     def __post_init__(self):
         if self.micro_batch_size < 1 or self.max_len < 2:
             raise ValueError(f"micro_batch_size={self.micro_batch_size} must be >= 1 and "
                              f"max_len={self.max_len} >= 2")
-        if self.rows_per_pass < 0 or self.micro_batch_size % self.pass_rows:
-            raise ValueError(f"rows_per_pass={self.rows_per_pass} must divide micro_batch_size="
-                             f"{self.micro_batch_size} (0 = the whole micro-batch)")
+        problem = rows_per_pass_problem(self.rows_per_pass, self.micro_batch_size)
+        if problem:
+            raise ValueError(problem)
         if self.dtype not in PARAM_DTYPES:
             raise ValueError(f"dtype={self.dtype!r} is not allowed; choose one of: {', '.join(PARAM_DTYPES)}")
         problem = master_weights_problem(self.dtype, self.fp32_master_weights)
         if problem:
             raise ValueError(problem)
-        if self.sampling_temperature <= 0 or self.sampling_top_k < 0 or not 0 < self.sampling_top_p <= 1:
-            raise ValueError(f"sampling_temperature={self.sampling_temperature} must be > 0, sampling_top_k="
-                             f"{self.sampling_top_k} >= 0 and sampling_top_p={self.sampling_top_p} in (0, 1]")
+        for name, rule in (("sampling_temperature", temperature_problem), ("sampling_top_k", top_k_problem),
+                           ("sampling_top_p", top_p_problem)):
+            problem = rule(getattr(self, name))
+            if problem:
+                raise ValueError(f"{name}={getattr(self, name)!r} {problem}")
 
     @property
     def pass_rows(self) -> int:

@@ -39,6 +39,7 @@ from typing import Any
 
 import jax
 import numpy as np
+import orbax.checkpoint as ocp
 from etils import epath
 from jax.sharding import Mesh, NamedSharding, PartitionSpec, Sharding
 
@@ -394,8 +395,6 @@ def _leaf_name(number: int) -> str:
 
 def _save(directory: epath.Path, entry: _Entry, arrays: Sequence) -> None:
     """Writes the array leaves as an Orbax checkpoint plus a JSON file naming every leaf."""
-    import orbax.checkpoint as ocp  # imported on first use: Orbax is slow to import
-
     checkpointer = ocp.StandardCheckpointer()
     checkpointer.save(directory, {_leaf_name(i): a for i, a in enumerate(arrays)}, force=True)
     checkpointer.wait_until_finished()
@@ -409,8 +408,6 @@ def _save(directory: epath.Path, entry: _Entry, arrays: Sequence) -> None:
 
 def _restore(entry: _Entry, shardings: Sequence[Sharding] | None) -> list:
     """Reads the array leaves back: onto ``shardings`` (Orbax reads each device's slice) or as numpy."""
-    import orbax.checkpoint as ocp
-
     names = [_leaf_name(i) for i in range(len(entry.shapes))]
     if not names:
         return []

@@ -82,6 +82,7 @@ def math_verify_check(prediction: str, reference: str, alarm_s: int) -> bool:
     `alarm_s` is math-verify's own timeout for each parse and comparison (signal.alarm: whole seconds, and only
     on a main thread, which a worker's is); it ends most slow expressions without losing the worker.
     """
+    # lazy: math_verify pulls sympy (0.43 s); only the checker's worker processes call this
     from math_verify import parse, verify
 
     gold = parse(reference, parsing_timeout=alarm_s)

@@ -24,6 +24,7 @@ import math
 import zlib
 from collections.abc import Iterator
 
+from flexmarl_jax.workflows.dataset import read_jsonl_dataset
 from flexmarl_jax.workflows.tasks import CanonicalContent, Problem, Task
 
 logger = logging.getLogger(__name__)
@@ -178,8 +179,6 @@ class TrainEvalSplit:
 
 def _read_eval_file(path: str, task_name: str) -> list[Problem]:
     """Every usable line of an eval file as a problem (meta: its line, and the file)."""
-    from flexmarl_jax.workflows.dataset import read_jsonl_dataset
-
     dataset = read_jsonl_dataset(path)
     return [Problem(f"{task_name.replace('_', '-')}-evalfile-{index}", record.prompt, record.answer,
                     {"line": record.line, "file": path, **record.meta})

@@ -24,12 +24,13 @@ from flexmarl_jax.models.presets import get_preset
 from flexmarl_jax.models.synthetic import make_checkpoint
 from flexmarl_jax.models.tokenizer import CharTokenizer, HFTokenizer
 from flexmarl_jax.train.checkpoint import save_all
-from flexmarl_jax.train.trainer import AgentTrainer, TrainerConfig
+from flexmarl_jax.train.trainer import AgentTrainer
+from tests.settings_views import trainer_config
 
 torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
 
-TRAINER = TrainerConfig(micro_batch_size=2, max_len=8)  # the checkpoint also holds Adam's moments of the policy
+TRAINER = trainer_config(micro_batch_size=2, max_len=8)  # the checkpoint also holds Adam's moments of the policy
 TEXTS = ["1+2=3", "What is 7 + 5?\nAnswer: 12", "x", "  spaced\tout  {braces} ~end~"]
 CONVERSATIONS = [
     [{"role": "user", "content": "What is 7 + 5?"}],

@@ -17,7 +17,7 @@ from flexmarl_jax.models.tokenizer import CharTokenizer
 from flexmarl_jax.rollout.engine import SlotSampling
 from flexmarl_jax.rollout.instance import EngineInstance
 from flexmarl_jax.rollout.loop import RolloutRequest
-from flexmarl_jax.rollout.settings import EngineConfig
+from tests.settings_views import engine_config
 
 PROMPT, SAMPLES, REQUESTS, LENGTH = 10, 2, 4, 40
 
@@ -52,7 +52,7 @@ def test_device_queue_runs_work_back_to_back_and_compresses_it():
 def make_instance(compression: float) -> tuple[EngineInstance, EmulatedEngine, CostModel]:
     tokenizer = CharTokenizer()
     model = CostModel(get_preset("qwen2.5-14b"), get_chip("v5p"), chips=2)
-    config = EngineConfig(max_concurrent_decodes=REQUESTS * SAMPLES, max_prefill_length=16, max_decode_length=64)
+    config = engine_config(max_concurrent_decodes=REQUESTS * SAMPLES, max_prefill_length=16, max_decode_length=64)
     script = ScriptedTokens(tokenizer.eos_id, tokenizer.encode("a")[-1], fixed_length(LENGTH))
     engine = EmulatedEngine(model, config, tokenizer, script, timescale=TimeScale(compression))
     return EngineInstance(engine, placeholder_params(), name="emulated"), engine, model
@@ -107,7 +107,7 @@ def test_compression_shortens_the_wall_time_not_the_device_time():
 def test_the_host_overhead_per_step_is_measured_and_small_against_a_real_step():
     from flexmarl_jax.emulation.calibration import measure_host_overhead_s
 
-    config = EngineConfig(max_concurrent_decodes=8, max_prefill_length=16, max_decode_length=64)
+    config = engine_config(max_concurrent_decodes=8, max_prefill_length=16, max_decode_length=64)
     overhead = measure_host_overhead_s(config, CharTokenizer(), steps=60)
     # the loop's own work per step of 8 slots: tens to hundreds of microseconds on this host, never ~0
     assert 1e-6 < overhead < 5e-3
@@ -134,7 +134,7 @@ def varied_length(seed: int, sample_index: int) -> int:
 def run_varied_workload(tokens_per_call: int, requests: list[RolloutRequest]):
     tokenizer = CharTokenizer()
     model = CostModel(get_preset("qwen2.5-14b"), get_chip("v5p"), chips=2)
-    config = EngineConfig(max_concurrent_decodes=6, max_prefill_length=16, max_decode_length=64)
+    config = engine_config(max_concurrent_decodes=6, max_prefill_length=16, max_decode_length=64)
     script = ScriptedTokens(tokenizer.eos_id, tokenizer.encode("a")[-1], varied_length)
     engine = EmulatedEngine(model, config, tokenizer, script, tokens_per_call=tokens_per_call,
                             timescale=NO_WALL_TIME)
@@ -190,7 +190,7 @@ def test_sequences_the_loop_cuts_short_keep_their_tokens_in_calls_of_several_ste
 
 def test_a_call_of_several_steps_ends_at_the_first_slot_that_ends_then_takes_one_step():
     tokenizer = CharTokenizer()
-    config = EngineConfig(max_concurrent_decodes=3, max_prefill_length=16, max_decode_length=64)
+    config = engine_config(max_concurrent_decodes=3, max_prefill_length=16, max_decode_length=64)
     lengths = {0: 9, 1: 30, 2: 50}
     script = ScriptedTokens(tokenizer.eos_id, 7, lambda seed, index: lengths[index])
     engine = EmulatedEngine(CostModel(get_preset("qwen2.5-14b"), get_chip("v5p")), config, tokenizer, script,
@@ -213,7 +213,7 @@ def test_engines_on_one_device_queue_their_work_one_after_another():
     clock = FakeClock()
     shared = DeviceQueue(TimeScale(1.0), clock)
     tokenizer = CharTokenizer()
-    config = EngineConfig(max_concurrent_decodes=2, max_prefill_length=16, max_decode_length=64)
+    config = engine_config(max_concurrent_decodes=2, max_prefill_length=16, max_decode_length=64)
     model = CostModel(get_preset("qwen2.5-14b"), get_chip("v5p"))
     script = ScriptedTokens(tokenizer.eos_id, 7, fixed_length(5))
     engines = [EmulatedEngine(model, config, tokenizer, script, clock=clock, device=shared) for _ in range(2)]

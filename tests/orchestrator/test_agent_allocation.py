@@ -17,12 +17,12 @@ from flexmarl_jax.orchestrator.run import pipeline_settings
 from flexmarl_jax.orchestrator.weight_sync import StoreWeightSync
 from flexmarl_jax.store import ExperienceStore
 from flexmarl_jax.train.algorithms import loss_config_for
-from flexmarl_jax.train.optim import OptimizerConfig
 from flexmarl_jax.train.protocol import Trainer
 from flexmarl_jax.transfer import StateStore
 from flexmarl_jax.workflows import ArithmeticTask, ScriptedAgent, ScriptedBackend, build_workflow
 from flexmarl_jax.workflows.oracles import PromptOracle, answer_policy
 from flexmarl_jax.workflows.scripted import long_tail_latency
+from tests.settings_views import optimizer_config
 
 PROPOSERS = ("proposer0", "proposer1", "proposer2")
 AGENTS = (*PROPOSERS, "aggregator")
@@ -31,7 +31,7 @@ MAX_PROMPT, MAX_RESPONSE = 32, 6
 # Adam's eps well above float rounding: with eps=1e-8 a gradient that is zero up to rounding (its value
 # depends on how the iteration was cut into micro-batches, which follows thread timing) still moves a
 # parameter by ~lr, so even two static runs differ by ~1e-6. The moments still travel with every swap.
-OPTIMIZER = OptimizerConfig(name="adam", learning_rate=1e-2, eps=1e-4)
+OPTIMIZER = optimizer_config(name="adam", learning_rate=1e-2, eps=1e-4)
 ACCURACY = {"proposer0": 0.3, "proposer1": 0.5, "proposer2": 0.7, "aggregator": 0.6}
 
 

@@ -1,8 +1,8 @@
-"""Engine shapes per agent (orchestrator/rollout_setup.py)."""
+"""Engine shapes per agent (rollout/settings.py `engine_config_for`)."""
 
 import dataclasses
 
-from flexmarl_jax.orchestrator.rollout_setup import engine_config_for
+from flexmarl_jax.rollout.settings import engine_config_for
 
 
 def test_each_agent_gets_its_own_decode_slots(tiny_config):

@@ -12,11 +12,10 @@ from flexmarl_jax.models import functional
 from flexmarl_jax.models.presets import get_preset
 from flexmarl_jax.models.tokenizer import CharTokenizer
 from flexmarl_jax.orchestrator.warmup import run_warmup
-from flexmarl_jax.train.losses import LossConfig
-from flexmarl_jax.train.optim import OptimizerConfig
-from flexmarl_jax.train.trainer import AgentTrainer, TrainerConfig
+from flexmarl_jax.train.trainer import AgentTrainer
+from tests.settings_views import loss_config, optimizer_config, trainer_config
 
-RL = OptimizerConfig(name="adam", learning_rate=1e-2, eps=1e-6, max_grad_norm=None)
+RL = optimizer_config(name="adam", learning_rate=1e-2, eps=1e-6, max_grad_norm=None)
 
 
 def _leaves(tree):
@@ -27,8 +26,8 @@ def _leaves(tree):
 def test_warm_up_runs_at_its_own_rate_and_leaves_a_fresh_optimizer_at_the_agents_rate():
     config = dataclasses.replace(get_preset("tiny"), num_layers=1)
     initial = functional.init_params(config, seed=0)
-    trainer = AgentTrainer("solver", config, TrainerConfig(micro_batch_size=4, max_len=16,
-                                                           loss=LossConfig(aggregation="token_mean"), optimizer=RL),
+    trainer = AgentTrainer("solver", config, trainer_config(micro_batch_size=4, max_len=16,
+                                                            loss=loss_config(aggregation="token_mean"), optimizer=RL),
                            initial=initial)
     before = _leaves(trainer.params)
     runtime = types.SimpleNamespace(trainer=trainer, tokenizer=CharTokenizer())

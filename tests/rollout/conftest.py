@@ -68,10 +68,10 @@ def engine(tiny_model):
     """8 slots, prompts up to 32 tokens in buckets (8, 16, 32) prefilled 1 or 4 at a time, up to 24 new
     tokens; compiled once for the whole session."""
     from flexmarl_jax.rollout.engine import FlexEngine
-    from flexmarl_jax.rollout.settings import EngineConfig
+    from tests.settings_views import engine_config
 
-    config = EngineConfig(max_concurrent_decodes=8, max_prefill_length=32, max_decode_length=24,
-                          prefill_buckets=(8, 16, 32), prefill_batch_sizes=(1, 4))
+    config = engine_config(max_concurrent_decodes=8, max_prefill_length=32, max_decode_length=24,
+                           prefill_buckets=(8, 16, 32), prefill_batch_sizes=(1, 4))
     engine = FlexEngine(tiny_model.config, tiny_model.graphdef, config, tiny_model.tokenizer, params=tiny_model.params)
     engine.warm_up(tiny_model.params)
     return engine

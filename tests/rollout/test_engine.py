@@ -14,7 +14,8 @@ from scipy import stats
 from flexmarl_jax.rollout.engine import FlexEngine, SlotSampling, pad_prompt
 from flexmarl_jax.rollout.loop import RolloutLoop, RolloutRequest
 from flexmarl_jax.rollout.sampling import sampling_log_probs
-from flexmarl_jax.rollout.settings import EngineConfig, validate_sampling
+from flexmarl_jax.rollout.settings import validate_sampling
+from tests.settings_views import engine_config
 
 from .conftest import prompts_of_mixed_lengths
 
@@ -198,12 +199,12 @@ def test_bad_inputs_are_rejected_with_clear_errors(engine, tiny_model):
     with pytest.raises(ValueError, match="num_samples=0"):
         RolloutRequest((1, 5), num_samples=0)
     with pytest.raises(ValueError, match="prefill_buckets"):
-        EngineConfig(max_prefill_length=32, prefill_buckets=(8, 16))
+        engine_config(max_prefill_length=32, prefill_buckets=(8, 16))
 
 
 def test_truncation_keeps_the_last_tokens_when_configured(engine, tiny_model, monkeypatch):
-    config = EngineConfig(max_concurrent_decodes=2, max_prefill_length=8, max_decode_length=4,
-                          truncate_long_prompts=True)
+    config = engine_config(max_concurrent_decodes=2, max_prefill_length=8, max_decode_length=4,
+                           truncate_long_prompts=True)
     padded, length = pad_prompt(list(range(10, 22)), config, pad_id=0)
     assert length == 8 and list(padded) == list(range(14, 22))
     # same shapes as the shared engine, only the truncation switch differs (no recompile needed)
@@ -219,7 +220,7 @@ def test_bfloat16_params_give_a_bfloat16_cache_and_the_bfloat16_model_greedy_tok
 
     params = jax.tree.map(lambda x: x.astype(jnp.bfloat16), tiny_model.params)
     model = TinyModel(tiny_model.config, tiny_model.graphdef, params, tiny_model.tokenizer)
-    config = EngineConfig(max_concurrent_decodes=4, max_prefill_length=32, max_decode_length=12)
+    config = engine_config(max_concurrent_decodes=4, max_prefill_length=32, max_decode_length=12)
     engine = FlexEngine(model.config, model.graphdef, config, model.tokenizer, params=params)
     state = engine.init_decode_state()
     assert engine.cache_dtype == jnp.bfloat16
@@ -233,7 +234,7 @@ def test_bfloat16_params_give_a_bfloat16_cache_and_the_bfloat16_model_greedy_tok
 
 def test_responses_of_over_a_thousand_tokens_compile_nothing_per_length(tiny_model):
     """A 1100-token response cap: the cache holds prompt + 1100 positions, generate compiles once."""
-    config = EngineConfig(max_concurrent_decodes=2, max_prefill_length=16, max_decode_length=1100)
+    config = engine_config(max_concurrent_decodes=2, max_prefill_length=16, max_decode_length=1100)
     engine = FlexEngine(tiny_model.config, tiny_model.graphdef, config, tiny_model.tokenizer,
                         params=tiny_model.params)
     assert engine.init_decode_state().cache["k"].shape[2] == 16 + 1100

@@ -117,10 +117,10 @@ def test_threaded_instances_make_progress_together(engine, tiny_model):
 
 def test_instance_on_a_tensor_parallel_sub_mesh_matches_full_forward(tiny_model):
     from flexmarl_jax.mesh.meshes import make_mesh
-    from flexmarl_jax.rollout.settings import EngineConfig
+    from tests.settings_views import engine_config
 
     mesh = make_mesh(jax.devices()[2:4], fsdp=1, tp=2)
-    config = EngineConfig(max_concurrent_decodes=4, max_prefill_length=32, max_decode_length=8, prefill_buckets=(32,))
+    config = engine_config(max_concurrent_decodes=4, max_prefill_length=32, max_decode_length=8, prefill_buckets=(32,))
     instance = EngineInstance.create(tiny_model.config, tiny_model.graphdef, tiny_model.params, config,
                                      tiny_model.tokenizer, mesh=mesh)
     assert {d.id for d in instance.engine.init_decode_state().cache["k"].sharding.device_set} == {2, 3}

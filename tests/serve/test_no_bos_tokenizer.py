@@ -9,6 +9,7 @@ import pytest
 
 from flexmarl_jax.models.tokenizer import CharTokenizer
 from tests.rollout.conftest import make_tiny_model
+from tests.settings_views import engine_config
 
 
 class NoBosCharTokenizer(CharTokenizer):
@@ -29,14 +30,13 @@ def test_token_and_text_content_without_bos_match_in_process_generation():
     from flexmarl_jax.rollout.engine import FlexEngine
     from flexmarl_jax.rollout.jetstream_compat import driver_engine
     from flexmarl_jax.rollout.loop import RolloutLoop, RolloutRequest
-    from flexmarl_jax.rollout.settings import EngineConfig
     from flexmarl_jax.serve.request_checks import RequestLimits
     from flexmarl_jax.serve.servicer import CheckedOrchestrator, orchestrator
 
     model = make_tiny_model()
     tokenizer = NoBosCharTokenizer()
     engine = FlexEngine(model.config, model.graphdef,
-                        EngineConfig(max_concurrent_decodes=4, max_prefill_length=16, max_decode_length=6),
+                        engine_config(max_concurrent_decodes=4, max_prefill_length=16, max_decode_length=6),
                         tokenizer, params=model.params)
     limits = RequestLimits.of(engine)
     assert limits.adds_bos is False

@@ -6,9 +6,8 @@ import pytest
 
 from flexmarl_jax.models import functional
 from flexmarl_jax.train.batch import build_iteration
-from flexmarl_jax.train.losses import LossConfig
-from flexmarl_jax.train.optim import OptimizerConfig
-from flexmarl_jax.train.trainer import AgentTrainer, TrainerConfig
+from flexmarl_jax.train.trainer import AgentTrainer
+from tests.settings_views import loss_config, optimizer_config, trainer_config
 
 
 def random_rows(num_samples: int, seed: int = 0, max_prompt: int = 5, max_response: int = 8, vocab=(3, 100)):
@@ -38,10 +37,10 @@ def tiny_model_config():
 
 MAX_LEN = 12  # prompts <= 5 + responses <= 8 tokens, minus the last target
 FULL = 32  # one micro-batch holds the whole iteration
-LOSS = LossConfig(aggregation="token_mean", kl_coef=0.05, tis_cap=2.0)  # every term on
+LOSS = loss_config(aggregation="token_mean", kl_coef=0.05, tis_cap=2.0)  # every term on
 # eps=1e-6: with 1e-8 the first Adam step is ~lr*sign(g), which turns summation-order noise on
 # coordinates whose gradient is ~1e-9 (k_bias has an analytically zero gradient) into O(lr) changes.
-ADAM = OptimizerConfig(name="adam", learning_rate=1e-2, eps=1e-6, max_grad_norm=None)
+ADAM = optimizer_config(name="adam", learning_rate=1e-2, eps=1e-6, max_grad_norm=None)
 
 
 def rel_err(a, b) -> float:
@@ -63,7 +62,7 @@ def initial(tiny_model_config):
 
 
 def make_trainer(cfg, initial, micro, *, agent="solver", mesh=None, loss=LOSS, optimizer=ADAM):
-    config = TrainerConfig(micro_batch_size=micro, max_len=MAX_LEN, loss=loss, optimizer=optimizer)
+    config = trainer_config(micro_batch_size=micro, max_len=MAX_LEN, loss=loss, optimizer=optimizer)
     return AgentTrainer(agent, cfg, config, mesh=mesh, initial=initial)
 
 

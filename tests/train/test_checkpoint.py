@@ -8,7 +8,8 @@ import pytest
 
 from flexmarl_jax.mesh.meshes import make_mesh
 from flexmarl_jax.train.checkpoint import flatten_to_names, restore_all, restore_trainer, save_all, save_trainer
-from flexmarl_jax.train.trainer import AgentTrainer, TrainerConfig
+from flexmarl_jax.train.trainer import AgentTrainer
+from tests.settings_views import trainer_config
 from tests.train.conftest import ADAM, LOSS, MAX_LEN, make_trainer, random_rows, rel_err, run_iteration
 
 MICRO = 8
@@ -66,8 +67,8 @@ def test_every_agent_round_trips_and_mismatches_are_refused(tiny_model_config, i
 
 
 def test_bfloat16_master_weights_round_trip_through_checkpoints_and_swaps(tiny_model_config, initial, tmp_path):
-    config = TrainerConfig(micro_batch_size=MICRO, max_len=MAX_LEN, loss=LOSS, optimizer=ADAM, dtype="bfloat16",
-                           fp32_master_weights=True)
+    config = trainer_config(micro_batch_size=MICRO, max_len=MAX_LEN, loss=LOSS, optimizer=ADAM, dtype="bfloat16",
+                            fp32_master_weights=True)
     trainer = AgentTrainer("solver", tiny_model_config, config, initial=initial)
     run_iteration(trainer, random_rows(8, seed=5), MICRO)
     trainer.apply()

@@ -8,9 +8,9 @@ from flexmarl_jax.models.presets import get_preset
 from flexmarl_jax.models.tokenizer import CharTokenizer
 from flexmarl_jax.train.algorithms import loss_config_for
 from flexmarl_jax.train.batch import build_iteration
-from flexmarl_jax.train.optim import OptimizerConfig
 from flexmarl_jax.train.toy import RepeatCharTask, run_grpo, sample
-from flexmarl_jax.train.trainer import AgentTrainer, TrainerConfig
+from flexmarl_jax.train.trainer import AgentTrainer
+from tests.settings_views import optimizer_config, trainer_config
 
 
 def test_task_reward():
@@ -21,8 +21,8 @@ def test_task_reward():
 
 
 # One config for both trainer tests so they share compiled steps.
-CONFIG = TrainerConfig(micro_batch_size=16, max_len=10, loss=loss_config_for("grpo"),
-                       optimizer=OptimizerConfig(learning_rate=1e-2))
+CONFIG = trainer_config(micro_batch_size=16, max_len=10, loss=loss_config_for("grpo"),
+                        optimizer=optimizer_config(learning_rate=1e-2))
 
 
 def test_sampler_logprobs_match_trainer_scoring():

@@ -12,9 +12,8 @@ from flexmarl_jax.models import functional
 from flexmarl_jax.train.advantages import gae
 from flexmarl_jax.train.algorithms import loss_config_for
 from flexmarl_jax.train.batch import ARRAY_FIELDS, build_iteration
-from flexmarl_jax.train.losses import LossConfig
-from flexmarl_jax.train.optim import OptimizerConfig
-from flexmarl_jax.train.trainer import AgentTrainer, TrainerConfig
+from flexmarl_jax.train.trainer import AgentTrainer
+from tests.settings_views import loss_config, optimizer_config, trainer_config
 from tests.train.conftest import ADAM, FULL, LOSS, MAX_LEN, all_zero, make_trainer, random_rows, rel_err, run_iteration
 
 
@@ -121,9 +120,10 @@ def test_heterogeneous_agents_have_own_model_optimizer_and_mesh(tiny_model_confi
     solver = make_trainer(tiny_model_config, initial, 8, agent="solver")
     other_model = dataclasses.replace(tiny_model_config, hidden_size=32, intermediate_size=64, num_heads=2,
                                       num_kv_heads=1)
-    sgd = OptimizerConfig(name="sgd", learning_rate=0.5, max_grad_norm=None)
+    sgd = optimizer_config(name="sgd", learning_rate=0.5, max_grad_norm=None)
     verifier = AgentTrainer("verifier", other_model,
-                            TrainerConfig(micro_batch_size=4, max_len=MAX_LEN, optimizer=sgd),
+                            trainer_config(micro_batch_size=4, max_len=MAX_LEN, optimizer=sgd,
+                                           loss=loss_config(aggregation="token_mean")),
                             mesh=make_mesh(jax.devices()[4:8], fsdp=4), seed=1)
     assert functional.param_count(verifier.params) < functional.param_count(solver.params)
     assert verifier.params["embed"]["embedding"][...].sharding.mesh.devices.flat[0] == jax.devices()[4]
@@ -194,8 +194,8 @@ def test_importance_weight_metrics_match_hand_computed_ratios(tiny_model_config,
     w = min(exp(old - behaviour), cap) over every response token, old being the initial policy's log-prob under
     the agent's sampling distribution (log-softmax of logits / temperature), computed here with numpy."""
     cap = 2.0
-    config = TrainerConfig(micro_batch_size=4, max_len=MAX_LEN, loss=LossConfig(tis_cap=cap), optimizer=ADAM,
-                           rows_per_pass=2, sampling_temperature=temperature)
+    config = trainer_config(micro_batch_size=4, max_len=MAX_LEN, optimizer=ADAM, rows_per_pass=2,
+                            loss=loss_config(aggregation="token_mean", tis_cap=cap), sampling_temperature=temperature)
     trainer = AgentTrainer("solver", tiny_model_config, config, initial=initial)
     rng = np.random.default_rng(3)
     rows = random_rows(8, seed=11)
@@ -223,7 +223,7 @@ def test_importance_weight_metrics_match_hand_computed_ratios(tiny_model_config,
 
 
 def test_no_importance_metrics_without_a_cap(tiny_model_config, initial):
-    trainer = make_trainer(tiny_model_config, initial, 8, loss=LossConfig())
+    trainer = make_trainer(tiny_model_config, initial, 8, loss=loss_config(aggregation="token_mean"))
     run_iteration(trainer, random_rows(8, seed=2), 8)
     assert not {"is_weight_mean", "is_weight_max", "is_clip_fraction"} & set(trainer.apply())
 
@@ -260,8 +260,8 @@ def _rows_with_longest(longest: list[int], per_batch: int, seed: int) -> dict:
 def test_length_buckets_give_the_max_len_result_and_bound_the_compiles(tiny_model_config, initial):
     micro, max_len = 4, 100
     # a distinct optimizer eps keeps these compiled steps apart from other tests' (they are shared by config)
-    config = TrainerConfig(micro_batch_size=micro, max_len=max_len, loss=LOSS,
-                           optimizer=dataclasses.replace(ADAM, eps=2e-6))
+    config = trainer_config(micro_batch_size=micro, max_len=max_len, loss=LOSS,
+                            optimizer=dataclasses.replace(ADAM, eps=2e-6))
     assert config.length_buckets == (16, 32, 64, 100)
     rows = _rows_with_longest([10, 30, 60, 95, 17], micro, seed=0)
     results = {}
@@ -291,11 +291,11 @@ def test_length_buckets_give_the_max_len_result_and_bound_the_compiles(tiny_mode
 
 def test_bfloat16_with_float32_master_weights(tiny_model_config, initial):
     rows = random_rows(16, seed=1)
-    sgd = OptimizerConfig(name="sgd", learning_rate=1e-4, max_grad_norm=None)
+    sgd = optimizer_config(name="sgd", learning_rate=1e-4, max_grad_norm=None)
     trainers, before = {}, jax.device_get(initial[1])
     for master in (False, True):
-        config = TrainerConfig(micro_batch_size=16, max_len=MAX_LEN, loss=LOSS, optimizer=sgd, dtype="bfloat16",
-                               fp32_master_weights=master)
+        config = trainer_config(micro_batch_size=16, max_len=MAX_LEN, loss=LOSS, optimizer=sgd, dtype="bfloat16",
+                                fp32_master_weights=master)
         trainer = trainers[master] = AgentTrainer("solver", tiny_model_config, config, initial=initial)
         assert {leaf.dtype for leaf in _leaves(trainer.params)} == {np.dtype(jnp.bfloat16)}
         for _ in range(3):
@@ -314,14 +314,14 @@ def test_bfloat16_with_float32_master_weights(tiny_model_config, initial):
     assert _fraction_changed(master, before) > 0.9
     assert _fraction_changed(plain.params, jax.tree.map(lambda x: x.astype(jnp.bfloat16), before)) < 0.01
     with pytest.raises(ValueError, match="fp32_master_weights=True needs dtype='bfloat16'"):
-        TrainerConfig(micro_batch_size=4, max_len=8, fp32_master_weights=True)
+        trainer_config(micro_batch_size=4, max_len=8, fp32_master_weights=True)
 
 
 def test_bfloat16_adam_tracks_float32_and_keeps_its_state_dtypes(tiny_model_config, initial):
     rows = random_rows(16, seed=2)
     losses = {}
     for dtype in ("float32", "bfloat16"):
-        config = TrainerConfig(micro_batch_size=16, max_len=MAX_LEN, loss=LOSS, optimizer=ADAM, dtype=dtype)
+        config = trainer_config(micro_batch_size=16, max_len=MAX_LEN, loss=LOSS, optimizer=ADAM, dtype=dtype)
         trainer = AgentTrainer("solver", tiny_model_config, config, initial=initial)
         state_dtypes = [leaf.dtype for leaf in _leaves(trainer.checkpoint_state()["opt_state"])]
         losses[dtype] = []
@@ -337,7 +337,7 @@ def test_remat_trainer_gives_the_same_gradients(tiny_model_config, initial):
     rows = random_rows(16, seed=4)
     grads = {}
     for remat in (False, True):
-        config = TrainerConfig(micro_batch_size=8, max_len=MAX_LEN, loss=LOSS, optimizer=ADAM, remat=remat)
+        config = trainer_config(micro_batch_size=8, max_len=MAX_LEN, loss=LOSS, optimizer=ADAM, remat=remat)
         trainer = AgentTrainer("solver", tiny_model_config, config, initial=initial)
         run_iteration(trainer, rows, 8)
         grads[remat] = trainer.accumulated_gradients()
@@ -350,8 +350,8 @@ def test_passes_of_fewer_rows_give_the_micro_batch_gradient(tiny_model_config, i
     rows = random_rows(29, seed=7)
     results = {}
     for rows_per_pass in (0, 2, 8):
-        config = TrainerConfig(micro_batch_size=8, max_len=MAX_LEN, loss=LOSS, optimizer=ADAM,
-                               rows_per_pass=rows_per_pass)
+        config = trainer_config(micro_batch_size=8, max_len=MAX_LEN, loss=LOSS, optimizer=ADAM,
+                                rows_per_pass=rows_per_pass)
         trainer = AgentTrainer("solver", tiny_model_config, config, initial=initial)
         batches = build_iteration(agent="solver", aggregation=LOSS.aggregation, micro_batch_size=8, max_len=MAX_LEN,
                                   **rows)
@@ -364,12 +364,12 @@ def test_passes_of_fewer_rows_give_the_micro_batch_gradient(tiny_model_config, i
         assert rel_err(grads, results[0][0]) < 1e-6 and pending == results[0][2] == 4
         assert logprobs.shape == results[0][1].shape and np.allclose(logprobs, results[0][1], atol=1e-6)
     with pytest.raises(ValueError, match="rows_per_pass=3 must divide micro_batch_size=8"):
-        TrainerConfig(micro_batch_size=8, max_len=MAX_LEN, rows_per_pass=3)
+        trainer_config(micro_batch_size=8, max_len=MAX_LEN, rows_per_pass=3)
 
 
 def test_reset_optimizer_continues_like_a_new_trainer_on_the_same_weights(tiny_model_config, initial):
     rows = random_rows(16, seed=7)
-    plain = LossConfig(aggregation="token_mean")  # no KL: a new trainer's reference would be other weights
+    plain = loss_config(aggregation="token_mean")  # no KL: a new trainer's reference would be other weights
     trainer = make_trainer(tiny_model_config, initial, FULL, loss=plain)
     for _ in range(2):  # moments and step count away from their initial values
         run_iteration(trainer, rows, FULL)
