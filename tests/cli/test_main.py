@@ -110,3 +110,18 @@ def test_train_help_lists_every_field_without_jax():
     assert lines[-1] == "[]"
     assert any(line.startswith("  train.micro_batch_size: ") for line in lines)
     assert any(line.startswith("  agents.*.temperature: ") for line in lines)
+
+
+@pytest.mark.timeout(300)
+def test_train_on_the_default_config_starts_no_tensorflow(tmp_path):
+    """`flexmarl train` rolls out on our engine: JetStream (and TensorFlow with it, ~4 s a process) is for the
+    serving Driver only. One small iteration of the embedded default, in a fresh process."""
+    args = ["train", f"--workdir={tmp_path / 'run'}", "--config.iterations=1", "--config.eval.enabled=false",
+            "--config.workflow.queries_per_iteration=2", "--config.workflow.samples_per_query=4",
+            "--config.workflow.warmup_steps=0", "--config.train.micro_batch_size=8"]
+    code = (f"import sys; from flexmarl_jax.cli.main import main; code = main({args!r}); "
+            "print(code, sorted(m for m in ('tensorflow', 'jetstream', 'seqio') if m in sys.modules))")
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=280)
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert result.stdout.strip().splitlines()[-1] == "0 []"
+    assert (tmp_path / "run" / "metrics.jsonl").read_text().count('"iteration"') >= 1
