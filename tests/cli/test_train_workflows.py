@@ -1,6 +1,14 @@
-"""Every built-in workflow trains end to end through `flexmarl train`, in every pipeline mode.
+"""Every built-in workflow trains end to end through `flexmarl train` in `flexmarl` mode, and every pipeline mode
+runs the workflow shapes its code treats differently.
 
-One process runs the whole matrix on smoke sizes (2 iterations of 4 queries x 4 samples), sharing the
+The modes differ in the orchestration, not in the graph: `serial` puts rollout and training on the same devices
+and sends one query at a time, so it runs a conditional node (chain's corrector), a policy shared by several
+nodes (debate_shared), several roots feeding an aggregator (mixture) and a fan-out/fan-in graph (dag); `sync`
+differs from `flexmarl` only in when training starts, so it runs a shared policy and (on a task file) the chain.
+The full workflow x mode product repeated these and took twice as long (tests/orchestrator/test_pipeline.py
+checks every mode on the chain, and that sync and flexmarl reach the same parameters).
+
+One process runs these on smoke sizes (2 iterations of 4 queries x 4 samples), sharing the
 session's compile cache (tests/conftest.py). After each run the experience store itself is checked: every
 row was trained exactly once, under the policy version of its iteration, and depended only on that version
 of every agent (strict on-policy); the run's own consistency checker (`pipeline.debug_invariants`) was on.
@@ -15,6 +23,7 @@ import pytest
 from flexmarl_jax.cli.main import main
 
 MODES = ("serial", "sync", "flexmarl")
+JSONL_MODE = "sync"  # reading a task file does not depend on the mode
 WORKFLOW_CONFIGS = {
     "chain": "configs/tiny.py:smoke",
     "debate": "configs/debate.py:smoke",
@@ -84,19 +93,27 @@ def _check_run(records: list[dict], agents_expected: int) -> None:
 AGENTS_PER_WORKFLOW = {"chain": 3, "debate": 3, "debate_judge": 4, "debate_shared": 2, "mixture": 4, "dag": 4}
 
 
+RUNS = [*((workflow, "flexmarl") for workflow in WORKFLOW_CONFIGS),
+        *((workflow, "serial") for workflow in ("chain", "debate_shared", "mixture", "dag")),
+        ("debate_shared", "sync")]  # chain x sync: test_chain_trains_on_a_jsonl_task_file
+
+
+def test_the_runs_cover_every_workflow_and_every_mode():
+    assert {workflow for workflow, _ in RUNS} == set(WORKFLOW_CONFIGS)
+    assert {mode for _, mode in RUNS} | {JSONL_MODE} == set(MODES)
+
+
 @pytest.mark.timeout(300)
-@pytest.mark.parametrize("mode", MODES)
-@pytest.mark.parametrize("workflow", list(WORKFLOW_CONFIGS))
-def test_every_workflow_trains_in_every_mode(tmp_path, workflow, mode):
+@pytest.mark.parametrize(("workflow", "mode"), RUNS)
+def test_every_workflow_trains(tmp_path, workflow, mode):
     records = _train(tmp_path, WORKFLOW_CONFIGS[workflow], mode)
     _check_run(records, AGENTS_PER_WORKFLOW[workflow])
     _check_store(tmp_path, records)
 
 
 @pytest.mark.timeout(300)
-@pytest.mark.parametrize("mode", MODES)
-def test_chain_trains_on_a_jsonl_task_file(tmp_path, jsonl_task, mode):
-    records = _train(tmp_path, WORKFLOW_CONFIGS["chain"], mode, f"--config.workflow.task={jsonl_task}")
+def test_chain_trains_on_a_jsonl_task_file(tmp_path, jsonl_task):
+    records = _train(tmp_path, WORKFLOW_CONFIGS["chain"], JSONL_MODE, f"--config.workflow.task={jsonl_task}")
     _check_run(records, 3)
     _check_store(tmp_path, records)
     with open(tmp_path / "config.json") as handle:
