@@ -34,7 +34,7 @@ class TrialPlan:
     times: int = 1
     where: str | None = None
     kill_after_s: float | None = None
-    attempt: int = 0  # a sigkill trial redrawn after its run ended before the kill (`redraw_kill`)
+    attempt: int = 0  # a trial redrawn after its run ended before its moment came (`redraw_kill`, `redraw_hit`)
 
 
 def plan_trials(types: Sequence[str], trials: int, seed: int, *, hits: Mapping[str, int],
@@ -59,7 +59,7 @@ def plan_trials(types: Sequence[str], trials: int, seed: int, *, hits: Mapping[s
     return plans
 
 
-MAX_KILL_ATTEMPTS = 3  # draws of one sigkill trial's moment before it counts as not fired
+MAX_KILL_ATTEMPTS = 3  # draws of one trial's moment before it counts as not fired
 
 
 def redraw_kill(plan: TrialPlan, ran_s: float, seed: int) -> TrialPlan | None:
@@ -70,6 +70,17 @@ def redraw_kill(plan: TrialPlan, ran_s: float, seed: int) -> TrialPlan | None:
         return None
     rng = random.Random(f"{seed}:{plan.fault}:{plan.index}:{plan.attempt + 1}")
     return dataclasses.replace(plan, kill_after_s=round(rng.uniform(0.0, 0.9 * ran_s), 3), attempt=plan.attempt + 1)
+
+
+def redraw_hit(plan: TrialPlan, seed: int) -> TrialPlan | None:
+    """The next draw of a fault-point trial whose run ended before its hit `plan.after` came: how often a run
+    reaches a point varies with timing (the store commits as rows arrive, so a loaded host commits fewer, larger
+    batches than the clean run it was drawn from). An earlier hit, in [0, after), seeded like `redraw_kill`.
+    None after `MAX_KILL_ATTEMPTS` draws, or when hit 0 was not reached (the run never reached the point)."""
+    if plan.attempt + 1 >= MAX_KILL_ATTEMPTS or plan.after == 0:
+        return None
+    rng = random.Random(f"{seed}:{plan.fault}:{plan.index}:{plan.attempt + 1}")
+    return dataclasses.replace(plan, after=rng.randrange(plan.after), attempt=plan.attempt + 1)
 
 
 def first_detection(detections: Sequence[Sequence], fired_at: float) -> tuple[float, str] | None:

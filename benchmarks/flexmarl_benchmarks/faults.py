@@ -7,7 +7,9 @@ agent, request timeouts on, short stall limits). Each trial:
 1. **Fault.** Runs the config with one fault armed at a random moment (seeded: a random hit of its injection point
    among those a clean run reaches, at a random instance for the instance faults; `sigkill`: SIGKILL at a random
    time of the run). Most trials run in one long-lived worker process (`_fault_worker.py`), so they share one JAX
-   start and the XLA cache; a sigkill trial is its own `flexmarl train` process.
+   start and the XLA cache; a sigkill trial is its own `flexmarl train` process. A run that ends before its
+   moment (runs vary in length and in how often they reach a point on a loaded host) is run again at an
+   earlier moment, up to three draws (`redraw_kill`, `redraw_hit`); only then it counts as `not_fired`.
 2. **Classify.** `recovered` (the run reached its last iteration), `stopped` (it ended non-zero on its own with
    a stop in its journal, `stops.jsonl`, and one clear line: `RunStopped`, or the watchdog's exit 3), `hang` (no
    exit within `run.stall_timeout_s` + 30 s of the fault: the bench kills it). Seconds to detect: from the fault
@@ -24,10 +26,10 @@ ends (shutdown gives up on it after 30 s), as a device call that never returns w
 
 JSON keys: `types.<type>` with the issue's `trials`, `recovered_in_run`, `stopped_cleanly`, `hangs`, `lost_rows`,
 `double_trained_rows`, `max_seconds_to_detect`, plus `stopped_uncleanly`, `resume_failures`, `late_detections`
-(detections later than `detect_bound_s`) and `not_fired` (trials whose moment came after the run had ended; not in
-`trials`); `trial_details` (every trial: its plan, outcome, timings, exit codes, findings); `acceptance`;
-`calibration`; `seed`, `trials_per_type`, `stall_timeout_s`, `detect_bound_s`, `bench_wall_s`; `complete` (False
-in the copy written after each trial, so a bench stopped early leaves what it measured).
+(detections later than `detect_bound_s`) and `not_fired` (trials whose moment came after the run had ended in
+every draw; not in `trials`); `trial_details` (every trial: its plan, outcome, timings, exit codes, findings);
+`acceptance`; `calibration`; `seed`, `trials_per_type`, `stall_timeout_s`, `detect_bound_s`, `bench_wall_s`;
+`complete` (False in the copy written after each trial, so a bench stopped early leaves what it measured).
 """
 
 from __future__ import annotations
@@ -369,9 +371,12 @@ def run_bench(args: argparse.Namespace) -> dict:
                 out = workdir + ".json"
                 trial = run_faulted(plan, workdir, out, worker, env, args.set, stall_timeout_s=stall_timeout_s,
                                     run_bound_s=run_bound_s)
-                redrawn = (trials_lib.redraw_kill(plan, trial.ran_s, args.seed)
-                           if trial.outcome == NOT_FIRED and trial.ran_s is not None else None)
-                if redrawn is not None:  # the run ended before its kill: the same trial again, killed earlier
+                redrawn = None
+                if trial.outcome == NOT_FIRED and plan.fault != SIGKILL:
+                    redrawn = trials_lib.redraw_hit(plan, args.seed)
+                elif trial.outcome == NOT_FIRED and trial.ran_s is not None:
+                    redrawn = trials_lib.redraw_kill(plan, trial.ran_s, args.seed)
+                if redrawn is not None:  # the run ended before its moment: the same trial again, at an earlier one
                     queue.insert(0, redrawn)
                     total += 1
                     progress.update(task, total=total)

@@ -1,6 +1,7 @@
 """flexmarl_benchmarks/faults.py: seeded trial plans, the per-type summary, bad flags, and a small end-to-end bench
 (one trial of two fault types at tiny size: the JSON keys and the zero-loss invariants; no timing asserts)."""
 
+import dataclasses
 import json
 import subprocess
 import sys
@@ -96,3 +97,14 @@ def test_a_sigkill_trial_whose_run_ended_first_is_redrawn_within_that_run_then_g
     last = trials_lib.redraw_kill(again, ran_s=20.0, seed=1)
     assert last.attempt == trials_lib.MAX_KILL_ATTEMPTS - 1
     assert trials_lib.redraw_kill(last, ran_s=20.0, seed=1) is None
+
+
+def test_a_fault_point_trial_whose_run_ended_first_is_redrawn_at_an_earlier_hit_then_given_up():
+    plan = trials_lib.TrialPlan("store_commit", 2, after=9)
+    again = trials_lib.redraw_hit(plan, seed=1)
+    assert again.attempt == 1 and again.index == 2 and 0 <= again.after < 9 and again.fault == "store_commit"
+    assert again == trials_lib.redraw_hit(plan, seed=1)  # seeded
+    last = trials_lib.redraw_hit(dataclasses.replace(again, after=max(again.after, 1)), seed=1)
+    assert last.attempt == trials_lib.MAX_KILL_ATTEMPTS - 1
+    assert trials_lib.redraw_hit(last, seed=1) is None
+    assert trials_lib.redraw_hit(trials_lib.TrialPlan("store_commit", 0, after=0), seed=1) is None  # never reached
