@@ -79,7 +79,7 @@ def base_config() -> ml_collections.ConfigDict:
     # by step" prompt scores 6% and rambles; asking for brief arithmetic scores 15% (28% of one-step problems).
     workflow.options.system_prompts = ml_collections.ConfigDict(SYSTEM_PROMPTS)
     # Two-step problems: 2% greedy, so their GRPO groups are all-wrong (no signal) for the hour the run has.
-    config.workflow.task_options.word_problems.steps = "1"
+    workflow.task_options.word_problems.steps = "1"
     # The verifier rejects most solutions, so the team's answer is mostly the corrector's: the solver's own
     # correctness is its direct signal (the team reward alone, as in MARTI's chain, reaches it through the
     # corrector).

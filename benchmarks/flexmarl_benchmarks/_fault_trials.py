@@ -83,6 +83,14 @@ def redraw_hit(plan: TrialPlan, seed: int) -> TrialPlan | None:
     return dataclasses.replace(plan, after=rng.randrange(plan.after), attempt=plan.attempt + 1)
 
 
+def redraw(plan: TrialPlan, ran_s: float | None, seed: int) -> TrialPlan | None:
+    """The next draw of a trial whose run ended (`ran_s` after its config.json, when known) before its moment
+    came: `redraw_kill` for sigkill, `redraw_hit` for a fault point; None when no draw is left."""
+    if plan.fault != SIGKILL:
+        return redraw_hit(plan, seed)
+    return None if ran_s is None else redraw_kill(plan, ran_s, seed)
+
+
 def first_detection(detections: Sequence[Sequence], fired_at: float) -> tuple[float, str] | None:
     """The first (time, what) at or after the fault triggered (a 50 ms grace: clocks read on other threads)."""
     after = [(float(at), what) for at, what in detections if float(at) >= fired_at - 0.05]

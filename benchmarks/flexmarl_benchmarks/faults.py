@@ -371,11 +371,7 @@ def run_bench(args: argparse.Namespace) -> dict:
                 out = workdir + ".json"
                 trial = run_faulted(plan, workdir, out, worker, env, args.set, stall_timeout_s=stall_timeout_s,
                                     run_bound_s=run_bound_s)
-                redrawn = None
-                if trial.outcome == NOT_FIRED and plan.fault != SIGKILL:
-                    redrawn = trials_lib.redraw_hit(plan, args.seed)
-                elif trial.outcome == NOT_FIRED and trial.ran_s is not None:
-                    redrawn = trials_lib.redraw_kill(plan, trial.ran_s, args.seed)
+                redrawn = trials_lib.redraw(plan, trial.ran_s, args.seed) if trial.outcome == NOT_FIRED else None
                 if redrawn is not None:  # the run ended before its moment: the same trial again, at an earlier one
                     queue.insert(0, redrawn)
                     total += 1

@@ -11,6 +11,7 @@ import time
 
 import pytest
 
+from flexmarl_jax.config import RunConfig
 from tests.distributed import all_device_watch, processes
 from tests.distributed.test_two_process_run import distributed_flags
 
@@ -40,8 +41,6 @@ def _start(workdir):
 
 
 def test_the_default_heartbeat_stops_a_survivor_within_a_minute():
-    from flexmarl_jax.config import RunConfig
-
     assert RunConfig().distributed.heartbeat_timeout_s + SHUTDOWN_MARGIN_S <= 60
 
 
