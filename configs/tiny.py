@@ -125,6 +125,7 @@ def base_config() -> ml_collections.ConfigDict:
     config.train.tis_cap = 2.0  # max_staleness > 0: cap (>= 1) of each token's importance weight pi_old / pi_behaviour
     config.train.remat = False  # rematerialise each decoder layer in training: less memory, ~1 more forward
     config.train.rows_per_pass = 0  # rows of one forward+backward pass (divides micro_batch_size); 0 = all
+    config.train.kl_coef = 0.0  # weight of the KL to each agent's frozen initial policy; > 0 keeps that copy in memory
 
     config.mesh = ml_collections.ConfigDict()
     config.mesh.fake_cpu_devices = 8  # on a CPU host, fake this many XLA devices (ignored on TPU/GPU)

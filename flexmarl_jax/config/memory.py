@@ -134,11 +134,11 @@ def estimate_agent_memory(model_config: ModelConfig, *, dtype: str, fp32_master_
 def agent_memory(config: RunConfig, agent: str, model_config: ModelConfig) -> AgentMemory:
     """`estimate_agent_memory` for ``agent`` of a run: its dtype, master weights and decode slots, the run's
     micro-batch, lengths, remat and instances, and the algorithm's reference model or critic."""
-    # lazy: train.algorithms imports JAX (import jax costs ~1 s); importing the config must not (tests/config)
-    from flexmarl_jax.train.algorithms import loss_config_for
+    # lazy: train.from_config imports JAX (import jax costs ~1 s); importing the config must not (tests/config)
+    from flexmarl_jax.train.from_config import run_loss_config
 
     settings, rollout = config.agents[agent], config.rollout
-    loss = loss_config_for(config.train.algorithm)
+    loss = run_loss_config(config)
     length = rollout.max_prompt_length + rollout.max_response_length
     return estimate_agent_memory(
         model_config, dtype=settings.dtype, fp32_master_weights=settings.fp32_master_weights, optimizer="adamw",

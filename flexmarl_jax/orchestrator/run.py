@@ -51,9 +51,9 @@ from flexmarl_jax.orchestrator.weight_sync import StoreWeightSync
 from flexmarl_jax.orchestrator.workdir_lock import WorkdirLock
 from flexmarl_jax.store import ExperienceStore
 from flexmarl_jax.store.corruption import StoreCorrupted
-from flexmarl_jax.train.algorithms import loss_config_for
 from flexmarl_jax.train.checkpoint import CHECKPOINT_DIR, restore_trainer, save_all
 from flexmarl_jax.train.checkpoint_integrity import CheckpointCorrupted
+from flexmarl_jax.train.from_config import run_loss_config
 from flexmarl_jax.transfer import StateStore
 from flexmarl_jax.workdir_paths import orbax_directory
 from flexmarl_jax.workdir_paths import path as workdir_path
@@ -131,7 +131,7 @@ def build_orchestrator(config: RunConfig, *, timeline: metrics.Timeline | None =
     training, runtimes = pool_training(runtimes, slice_meshes, store=state_store, clock=timeline.now)
     rollout_targets = {agent: runtime.rollout_shardings for agent, runtime in runtimes.items()}
     sync_weights = StoreWeightSync(state_store, rollout.sync_weights, target_for=rollout_targets.__getitem__)
-    loss = loss_config_for(config.train.algorithm)
+    loss = run_loss_config(config)
     trainers = trainers_of(runtimes)
     orchestrator = JointOrchestrator(
         pipeline_settings(config), agents=runtimes, training=training, store=store, workflow=workflow, task=task,
@@ -154,7 +154,7 @@ def _build_emulated(config: RunConfig, checked: Preflight, timeline: metrics.Tim
     store = ExperienceStore.open(config.workdir, agents=team_agents(config.workflow), backend=config.store.backend)
     runtimes, rollout = emulated.start_emulated_engines(config, emulation, runtimes, timeline)
     training = emulated.pool_emulated_training(runtimes, clock=timeline.now)
-    loss = loss_config_for(config.train.algorithm)
+    loss = run_loss_config(config)
     sync_weights = emulated.EmulatedWeightSync(emulation, rollout.sync_weights)
     orchestrator = JointOrchestrator(
         pipeline_settings(config), agents=runtimes, training=training, store=store, workflow=checked.workflow,

@@ -57,7 +57,8 @@ def run_warmup(agents: Mapping[str, AgentRuntime], examples: Mapping[str, list[t
 
     The warm-up is its own training: it runs with a fresh optimizer at `learning_rate` (None: the agent's own),
     and RL then starts from another fresh optimizer at the agent's learning rate (`AgentTrainer.reset_optimizer`
-    says why). Versions are reset to 0 after, so policy versions count RL updates only."""
+    says why); the KL's reference, when kept, is the warmed-up policy. Versions are reset to 0 after, so policy
+    versions count RL updates only."""
     rng = random.Random(seed)  # one stream over the agents in order
     losses = {}
     for agent, runtime in agents.items():
@@ -74,6 +75,7 @@ def run_warmup(agents: Mapping[str, AgentRuntime], examples: Mapping[str, list[t
         for _ in range(steps):
             metrics = supervised_step(trainer, [rng.choice(encoded) for _ in range(size)], pad_id=tokenizer.pad_id)
         trainer.reset_optimizer(rl_optimizer)
+        trainer.reset_reference()  # the KL (train.kl_coef) holds RL to the warmed-up policy, not the initial one
         losses[agent] = float(metrics.get("loss", float("nan")))
         trainer.policy_version = 0  # the warm-up precedes RL's first policy
         logger.info("warm-up of %s: %d steps on %d examples, final loss %.3f", agent, steps, len(encoded),

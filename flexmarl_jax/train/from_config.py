@@ -1,6 +1,7 @@
 """TrainerConfig for one agent from the run's typed config (`flexmarl_jax.config.RunConfig`).
 
-Reads only: train.{algorithm, learning_rate, micro_batch_size, rows_per_pass, max_staleness, tis_cap, remat},
+Reads only: train.{algorithm, learning_rate, micro_batch_size, rows_per_pass, max_staleness, tis_cap, remat,
+kl_coef},
 rollout.{max_prompt_length, max_response_length} and agents.<name>.{learning_rate, dtype, fp32_master_weights,
 temperature, top_k, top_p}. `TrainerConfig`, its `OptimizerConfig` and `LossConfig` have no defaults of their own:
 what a run does not choose is set here (`OPTIMIZER_SETTINGS`, the in-step flags) and in the algorithm's loss
@@ -12,6 +13,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from flexmarl_jax.train.algorithms import loss_config_for
+from flexmarl_jax.train.losses import LossConfig
 from flexmarl_jax.train.optim import OptimizerConfig
 from flexmarl_jax.train.trainer import TrainerConfig
 
@@ -20,6 +22,13 @@ if TYPE_CHECKING:
 
 # The optimizer settings a run does not choose (no `RunConfig` field); the learning rate is the agent's.
 OPTIMIZER_SETTINGS = dict(name="adamw", weight_decay=0.0, b1=0.9, b2=0.999, eps=1e-8, max_grad_norm=1.0)
+
+
+def run_loss_config(config: RunConfig, **overrides) -> LossConfig:
+    """The run's loss: `train.algorithm`'s preset with the run's `train.kl_coef`, then `overrides`. Every place
+    that needs the loss (trainers, the pipeline's advantages, the memory estimate's reference model) takes it
+    from here."""
+    return loss_config_for(config.train.algorithm, **{"kl_coef": config.train.kl_coef, **overrides})
 
 
 def trainer_config_for(config: RunConfig, agent: str, **loss_overrides) -> TrainerConfig:
@@ -38,7 +47,7 @@ def trainer_config_for(config: RunConfig, agent: str, **loss_overrides) -> Train
     return TrainerConfig(
         micro_batch_size=config.train.micro_batch_size,
         max_len=config.rollout.max_prompt_length + config.rollout.max_response_length - 1,
-        loss=loss_config_for(config.train.algorithm, **loss_overrides),
+        loss=run_loss_config(config, **loss_overrides),
         optimizer=OptimizerConfig(learning_rate=learning_rate, **OPTIMIZER_SETTINGS),
         reference_in_step=True,  # the KL's reference log-probs from a frozen copy of the initial policy
         old_logprobs_in_step=True,  # the old policy is the parameters of the iteration (exact, no extra pass)

@@ -174,6 +174,13 @@ class AgentTrainer:
         self._pending_micro_batches = 0
         return _with_token_means({name: float(value) for name, value in jax.device_get(metrics).items()})
 
+    def reset_reference(self) -> None:
+        """The KL's frozen reference becomes the current policy (a no-op when no reference is kept). Why: the
+        reference is RL's starting point, and a supervised warm-up moves the policy after the trainer is built."""
+        self._check_attached()
+        if self._reference is not None:
+            self._reference = self._steps.copy_policy(self._trainable["policy"])
+
     def reset_optimizer(self, optimizer: OptimizerConfig | None = None) -> None:
         """Starts a fresh optimizer state (zero moments) on the current parameters, with `optimizer` from now on
         when given (a learning rate for another phase of training) else the current one.

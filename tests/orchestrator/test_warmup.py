@@ -41,3 +41,18 @@ def test_warm_up_runs_at_its_own_rate_and_leaves_a_fresh_optimizer_at_the_agents
     # RL starts from zero moments and step count, at the agent's own learning rate
     assert trainer.config.optimizer == RL
     assert all(not np.any(leaf) for leaf in _leaves(trainer._opt_state))
+
+
+@pytest.mark.timeout(300)
+def test_with_a_kl_the_reference_is_the_warmed_up_policy_not_the_initial_one():
+    config = dataclasses.replace(get_preset("tiny"), num_layers=1)
+    loss = loss_config(aggregation="token_mean", kl_coef=0.1)
+    trainer = AgentTrainer("solver", config, trainer_config(micro_batch_size=4, max_len=16, loss=loss, optimizer=RL),
+                           initial=functional.init_params(config, seed=0))
+    initial = _leaves(trainer.params)
+    runtime = types.SimpleNamespace(trainer=trainer, tokenizer=CharTokenizer())
+    run_warmup({"solver": runtime}, {"solver": [("rev:abc=", "cba"), ("rev:cc=", "cc")]}, steps=2, seed=0)
+
+    warmed, reference = _leaves(trainer.params), _leaves(trainer._reference)
+    assert max(float(np.max(np.abs(a - b))) for a, b in zip(warmed, initial, strict=True)) > 1e-4
+    assert all(np.array_equal(a, b) for a, b in zip(reference, warmed, strict=True))

@@ -44,3 +44,21 @@ def test_precision_and_remat_come_from_the_agent_and_train_sections(tiny_config)
     solver, verifier = (trainer_config_for(config, name) for name in ("solver", "verifier"))
     assert (solver.dtype, solver.fp32_master_weights, solver.remat) == ("float32", False, True)
     assert (verifier.dtype, verifier.fp32_master_weights, verifier.remat) == ("bfloat16", True, True)
+
+
+def test_the_runs_kl_coef_reaches_the_trainers_loss_and_the_memory_estimate(tiny_config):
+    from flexmarl_jax.config import ConfigError
+    from flexmarl_jax.config.memory import agent_memory
+    from flexmarl_jax.models.presets import get_preset
+
+    assert trainer_config_for(tiny_config, "solver").loss.kl_coef == 0.0
+    kl = dataclasses.replace(tiny_config, train=dataclasses.replace(tiny_config.train, kl_coef=0.05))
+    assert trainer_config_for(kl, "solver").loss.kl_coef == 0.05
+    assert trainer_config_for(kl, "solver", kl_coef=0.2).loss.kl_coef == 0.2  # an explicit override wins
+    model = get_preset("tiny")
+    without, with_reference = agent_memory(tiny_config, "solver", model), agent_memory(kl, "solver", model)
+    # the frozen reference is one more copy of the policy's parameters, nothing else changes
+    assert with_reference.params - without.params == without.params
+    assert with_reference.optimizer == without.optimizer and with_reference.activations == without.activations
+    with pytest.raises(ConfigError, match=r"^config.train.kl_coef=-0.1 must be >= 0$"):
+        dataclasses.replace(tiny_config, train=dataclasses.replace(tiny_config.train, kl_coef=-0.1))

@@ -114,6 +114,8 @@ def test_logprobs_are_the_old_policy_of_the_iteration(tiny_model_config, initial
     moved = trainer.logprobs(batch)
     assert np.abs(moved - old)[batch.loss_mask].max() > 1e-4  # params changed
     np.testing.assert_allclose(trainer.logprobs(batch, which="reference"), ref)  # reference frozen
+    trainer.reset_reference()  # what the warm-up does before RL: the reference becomes the current policy
+    np.testing.assert_allclose(trainer.logprobs(batch, which="reference"), moved, rtol=1e-6)
 
 
 def test_heterogeneous_agents_have_own_model_optimizer_and_mesh(tiny_model_config, initial):
