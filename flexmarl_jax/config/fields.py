@@ -168,6 +168,31 @@ def build_section(cls: type, values: Any, path: str):
                   for field in dataclasses.fields(cls)})
 
 
+def with_defaults(cls: type, values: Any) -> Any:
+    """`values` (a saved config's plain dict) with every field of section `cls` that it lacks set to the field's
+    default, in every section and agent. Why: a run's config.json written before a field existed still reads
+    (for export, serving), as the run it describes, on the rule that a new field's default keeps the old
+    behaviour. Unknown keys are left for `build_section` to refuse."""
+    if not isinstance(values, Mapping):
+        return values
+    filled = dict(values)
+    for field in dataclasses.fields(cls):
+        if field.name not in filled:
+            if field.default is not dataclasses.MISSING:
+                default = field.default
+            elif field.default_factory is not dataclasses.MISSING:
+                default = field.default_factory()
+            else:
+                continue  # no default: build_section names the missing key
+            filled[field.name] = dataclasses.asdict(default) if is_section(type(default)) else default
+        elif is_section(field.type):
+            filled[field.name] = with_defaults(field.type, filled[field.name])
+        elif is_section(mapping_value_type(field.type)) and isinstance(filled[field.name], Mapping):
+            item = mapping_value_type(field.type)
+            filled[field.name] = {key: with_defaults(item, value) for key, value in filled[field.name].items()}
+    return filled
+
+
 def _build_value(kind: Any, value: Any, where: str) -> Any:
     if is_section(kind):
         return build_section(kind, value, where)
