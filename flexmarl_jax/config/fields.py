@@ -151,57 +151,40 @@ def check_section(section: Section, path: str) -> None:
 # ------------------------------------------------------------------------------------ ConfigDict -> sections
 
 
-def build_section(cls: type, values: Any, path: str):
+def build_section(cls: type, values: Any, path: str, *, missing_as_default: bool = False):
     """An instance of section `cls` from the plain dict `values` (a ConfigDict's `to_dict()`); a key the
-    section lacks or a field the dict lacks is an error."""
+    section lacks is an error, and so is a field the dict lacks unless `missing_as_default`, which leaves it at
+    the field's default. Why that option: a run's config.json written before a field existed still reads (for
+    export, serving) as the run it describes, on the rule that a new field's default keeps the old behaviour."""
     if not isinstance(values, Mapping):
         raise ConfigError(f"config.{path} must be a section (ConfigDict), got {values!r}")
-    names = [field.name for field in dataclasses.fields(cls)]
+    fields = dataclasses.fields(cls)
+    names = [field.name for field in fields]
     for key in values:
         if key not in names:
             raise ConfigError(f"unknown config key {dotted(path, key)!r}; allowed in {path or 'config'}: "
                               f"{', '.join(sorted(names))}")
-    for name in names:
-        if name not in values:
-            raise ConfigError(f"missing config key {dotted(path, name)!r}")
-    return cls(**{field.name: _build_value(field.type, values[field.name], dotted(path, field.name))
-                  for field in dataclasses.fields(cls)})
+    for field in fields:
+        if field.name not in values and not (missing_as_default and _has_default(field)):
+            raise ConfigError(f"missing config key {dotted(path, field.name)!r}")
+    return cls(**{field.name: _build_value(field.type, values[field.name], dotted(path, field.name),
+                                           missing_as_default)
+                  for field in fields if field.name in values})
 
 
-def with_defaults(cls: type, values: Any) -> Any:
-    """`values` (a saved config's plain dict) with every field of section `cls` that it lacks set to the field's
-    default, in every section and agent. Why: a run's config.json written before a field existed still reads
-    (for export, serving), as the run it describes, on the rule that a new field's default keeps the old
-    behaviour. Unknown keys are left for `build_section` to refuse."""
-    if not isinstance(values, Mapping):
-        return values
-    filled = dict(values)
-    for field in dataclasses.fields(cls):
-        if field.name not in filled:
-            if field.default is not dataclasses.MISSING:
-                default = field.default
-            elif field.default_factory is not dataclasses.MISSING:
-                default = field.default_factory()
-            else:
-                continue  # no default: build_section names the missing key
-            filled[field.name] = dataclasses.asdict(default) if is_section(type(default)) else default
-        elif is_section(field.type):
-            filled[field.name] = with_defaults(field.type, filled[field.name])
-        elif is_section(mapping_value_type(field.type)) and isinstance(filled[field.name], Mapping):
-            item = mapping_value_type(field.type)
-            filled[field.name] = {key: with_defaults(item, value) for key, value in filled[field.name].items()}
-    return filled
+def _has_default(field: dataclasses.Field) -> bool:
+    return field.default is not dataclasses.MISSING or field.default_factory is not dataclasses.MISSING
 
 
-def _build_value(kind: Any, value: Any, where: str) -> Any:
+def _build_value(kind: Any, value: Any, where: str, missing_as_default: bool) -> Any:
     if is_section(kind):
-        return build_section(kind, value, where)
+        return build_section(kind, value, where, missing_as_default=missing_as_default)
     item_kind = mapping_value_type(kind)
     if item_kind is None:
         return value
     if not isinstance(value, Mapping):
         raise ConfigError(f"config.{where} must be a section (ConfigDict), got {value!r}")
-    return {key: _build_value(item_kind, item, f"{where}.{key}") for key, item in value.items()}
+    return {key: _build_value(item_kind, item, f"{where}.{key}", missing_as_default) for key, item in value.items()}
 
 
 def walk_fields(cls: type, path: str = ""):

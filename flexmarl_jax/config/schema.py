@@ -378,10 +378,11 @@ class RunConfig(Section):
         check_section(self, "")
 
     @classmethod
-    def from_config(cls, config) -> "RunConfig":
-        """The typed config of a loaded ConfigDict (or a plain nested dict); raises ConfigError."""
+    def from_config(cls, config, *, missing_as_default: bool = False) -> "RunConfig":
+        """The typed config of a loaded ConfigDict (or a plain nested dict); raises ConfigError. A key the
+        config lacks is an error, or with `missing_as_default` (a saved run's config.json) its default."""
         values = config.to_dict() if hasattr(config, "to_dict") else config
-        return build_section(cls, values, "")
+        return build_section(cls, values, "", missing_as_default=missing_as_default)
 
     @property
     def global_batch_size(self) -> int:

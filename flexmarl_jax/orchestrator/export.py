@@ -20,7 +20,6 @@ from typing import TypeVar
 
 from flexmarl_jax.config import RunConfig
 from flexmarl_jax.config.errors import ConfigError
-from flexmarl_jax.config.fields import with_defaults
 from flexmarl_jax.models.config import ModelConfig
 from flexmarl_jax.models.hf_directory import inspect_checkpoint_dir, is_checkpoint_dir
 from flexmarl_jax.models.presets import get_preset
@@ -89,7 +88,7 @@ def export_agent(workdir: str, agent: str, out: str, *, policy_version: int | No
 
 def read_run_config(workdir: str):
     """The `RunConfig` a `flexmarl train` workdir was written with (its config.json), fields added since it was
-    written at their defaults (`config.fields.with_defaults`); ExportError (one line) when the file is missing or
+    written at their defaults (`missing_as_default`); ExportError (one line) when the file is missing or
     invalid."""
     path = os.path.join(workdir, "config.json")
     if not os.path.isfile(path):
@@ -97,7 +96,7 @@ def read_run_config(workdir: str):
     try:
         with open(path) as handle:
             values = json.load(handle)
-        return RunConfig.from_config(with_defaults(RunConfig, values))
+        return RunConfig.from_config(values, missing_as_default=True)
     except (json.JSONDecodeError, ConfigError) as error:
         raise ExportError(f"{path}: {error}") from None
 
