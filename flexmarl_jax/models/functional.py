@@ -87,15 +87,17 @@ def causal_padding_mask(attention_mask: jax.Array) -> jax.Array:
     return causal[None] & attention_mask.astype(bool)[:, None, :]
 
 
-def forward(graphdef, params, tokens, positions, attention_mask, *, remat: bool = False) -> jax.Array:
+def forward(graphdef, params, tokens, positions, attention_mask, *, remat: bool = False,
+            adapters=None) -> jax.Array:
     """Full-sequence logits for training and scoring.
 
     tokens/positions [B, T] int32, attention_mask [B, T] bool (False = padding) -> logits
     [B, T, V] float32. Causal by index within the row plus key padding. Pure and jit-able.
     remat: rematerialise each decoder layer under a gradient (same values, less memory; see DecoderLM).
+    adapters: an `AdapterBatch` (models/lora.py), the LoRA adapter of every row, or None for the base model.
     """
     model = nnx.merge(graphdef, params)
-    logits, _ = model(tokens, positions, causal_padding_mask(attention_mask), remat=remat)
+    logits, _ = model(tokens, positions, causal_padding_mask(attention_mask), remat=remat, adapters=adapters)
     return logits
 
 
@@ -124,13 +126,14 @@ def init_cache(
     return {"k": zeros(), "v": zeros()}
 
 
-def prefill(graphdef, params, tokens, attention_mask, cache, *, logits_at=None):
+def prefill(graphdef, params, tokens, attention_mask, cache, *, logits_at=None, adapters=None):
     """Runs a right-padded prompt batch and writes cache rows 0..T-1.
 
     tokens/attention_mask [B, T] (real tokens left-aligned), positions are 0..T-1; needs S >= T.
     Returns (logits [B, T, V] float32, cache). The logits of row b's last real token,
     ``logits[b, length_b - 1]``, predict its first generated token, decoded at position length_b.
-    With `logits_at` [B], the logits of that position of each row only: [B, 1, V].
+    With `logits_at` [B], the logits of that position of each row only: [B, 1, V]. `adapters`: an
+    `AdapterBatch` with one row per prompt, or None.
     """
     batch, length = tokens.shape
     cache_len = cache["k"].shape[2]
@@ -138,21 +141,23 @@ def prefill(graphdef, params, tokens, attention_mask, cache, *, logits_at=None):
         raise ValueError(f"prefill length {length} exceeds the cache length {cache_len}")
     positions = jnp.broadcast_to(jnp.arange(length, dtype=jnp.int32), (batch, length))
     model = nnx.merge(graphdef, params)
-    return model(tokens, positions, causal_padding_mask(attention_mask), cache, logits_at=logits_at)
+    return model(tokens, positions, causal_padding_mask(attention_mask), cache, logits_at=logits_at,
+                 adapters=adapters)
 
 
-def decode_step(graphdef, params, tokens, positions, cache):
+def decode_step(graphdef, params, tokens, positions, cache, adapters=None):
     """One token per slot: tokens/positions [B] int32 -> (logits [B, V] float32, cache).
 
     Writes k/v at ``positions[b]`` of row b, then attends to cache entries j <= positions[b];
     slots at different lengths share the batch. B may be fewer than the cache's rows: the step is then for
-    its leading B rows, and the others are neither read nor written.
+    its leading B rows, and the others are neither read nor written. `adapters`: an `AdapterBatch` with one row
+    per slot of the step (each slot its own agent's LoRA adapter), or None.
     """
     cache_len = cache["k"].shape[2]
     positions = positions.astype(jnp.int32)
     mask = jnp.arange(cache_len, dtype=jnp.int32)[None, None, :] <= positions[:, None, None]  # [B, 1, S]
     model = nnx.merge(graphdef, params)
-    logits, cache = model(tokens[:, None], positions[:, None], mask, cache, decode=True)
+    logits, cache = model(tokens[:, None], positions[:, None], mask, cache, decode=True, adapters=adapters)
     return logits[:, 0], cache
 
 

@@ -14,6 +14,7 @@ from flax import nnx
 
 from flexmarl_jax.mesh.rules import with_logical_constraint
 from flexmarl_jax.models.config import ModelConfig
+from flexmarl_jax.models.lora import project_with_adapter
 from flexmarl_jax.models.projection import project
 from flexmarl_jax.models.rope import apply_rope, rope_inverse_frequencies
 
@@ -71,11 +72,13 @@ class MLP(nnx.Module):
             normal_init(rngs, (intermediate_size, hidden_size), dtype), logical_axes=("mlp", "embed")
         )
 
-    def __call__(self, x: jax.Array) -> jax.Array:
-        gate = project("bte,em->btm", x, self.gate_proj[...])
-        up = project("bte,em->btm", x, self.up_proj[...])
+    def __call__(self, x: jax.Array, adapters=None) -> jax.Array:
+        """x [B, T, E]; `adapters`: this layer's LoRA adapters by target (models/lora.py), or None."""
+        adapters = adapters or {}
+        gate = project_with_adapter("gate_proj", x, self.gate_proj[...], adapters.get("gate_proj"))
+        up = project_with_adapter("up_proj", x, self.up_proj[...], adapters.get("up_proj"))
         hidden = with_logical_constraint(jax.nn.silu(gate) * up, ("batch", "length", "act_mlp"))
-        return project("btm,me->bte", hidden, self.down_proj[...])
+        return project_with_adapter("down_proj", hidden, self.down_proj[...], adapters.get("down_proj"))
 
 
 class Attention(nnx.Module):
@@ -116,11 +119,12 @@ class Attention(nnx.Module):
         self.head_dim = d
         self.inv_freq = tuple(float(f) for f in rope_inverse_frequencies(config))  # static, hashable
 
-    def __call__(self, x, positions, mask, cache=None, layer_index: int = 0, decode: bool = False):
-        """x [B, T, E], positions [B, T] -> ([B, T, E], cache)."""
-        q = project("bte,ehd->bthd", x, self.q_proj[...])
-        k = project("bte,ehd->bthd", x, self.k_proj[...])
-        v = project("bte,ehd->bthd", x, self.v_proj[...])
+    def __call__(self, x, positions, mask, cache=None, layer_index: int = 0, decode: bool = False, adapters=None):
+        """x [B, T, E], positions [B, T] -> ([B, T, E], cache). `adapters`: this layer's LoRA adapters."""
+        adapters = adapters or {}
+        q = project_with_adapter("q_proj", x, self.q_proj[...], adapters.get("q_proj"))
+        k = project_with_adapter("k_proj", x, self.k_proj[...], adapters.get("k_proj"))
+        v = project_with_adapter("v_proj", x, self.v_proj[...], adapters.get("v_proj"))
         if self.qkv_bias:
             q, k, v = q + self.q_bias[...], k + self.k_bias[...], v + self.v_bias[...]
         if self.qk_norm:
@@ -152,7 +156,7 @@ class Attention(nnx.Module):
                     )
 
         out = self._attend(q, k, v, mask)
-        return project("bthd,hde->bte", out, self.o_proj[...]), cache
+        return project_with_adapter("o_proj", out, self.o_proj[...], adapters.get("o_proj")), cache
 
     def _attend(self, q, k, v, mask):
         """q [B, T, H, D], k/v [B, S, K, D], mask [B, T, S] bool -> [B, T, H, D]."""
