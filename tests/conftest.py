@@ -1,26 +1,27 @@
 """Test-wide setup: 8 fake CPU devices (set before JAX is imported) and shared tiny fixtures."""
 
+import atexit
 import os
+import shutil
+import tempfile
 
 os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") + " --xla_force_host_platform_device_count=8").strip()
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
 # Keep XLA's CPU thread pools from oversubscribing the 2-core CI machine.
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
-# One compile cache for the whole session (and the `flexmarl` subprocesses tests start): engines and trainers
-# jit per instance, so every run of the same shapes would otherwise compile everything again.
+# One compile cache for the whole session (and the `flexmarl` subprocesses tests start, and pytest-xdist's
+# workers, which inherit this process's environment): engines and trainers jit per instance, so every run of the
+# same shapes would otherwise compile everything again. Synthetic checkpoints the recipes' smoke variants make on
+# first use (models/fixture_cache.py) go to a session folder, not the user's cache. The process that made the
+# folders removes them when it exits.
 if "JAX_COMPILATION_CACHE_DIR" not in os.environ:
-    import tempfile
-
     os.environ["JAX_COMPILATION_CACHE_DIR"] = tempfile.mkdtemp(prefix="flexmarl-jax-test-cache-")
     os.environ["JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS"] = "0"
     os.environ["JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES"] = "0"
-
-# Synthetic checkpoints the recipes' smoke variants make on first use (models/fixture_cache.py) go to a
-# session folder, not the user's cache.
+    atexit.register(shutil.rmtree, os.environ["JAX_COMPILATION_CACHE_DIR"], ignore_errors=True)
 if "FLEXMARL_FIXTURE_DIR" not in os.environ:
-    import tempfile
-
     os.environ["FLEXMARL_FIXTURE_DIR"] = tempfile.mkdtemp(prefix="flexmarl-jax-test-fixtures-")
+    atexit.register(shutil.rmtree, os.environ["FLEXMARL_FIXTURE_DIR"], ignore_errors=True)
 
 import pytest  # noqa: E402
 
