@@ -12,10 +12,11 @@ base) on a further leading axis and picks one per row, so one forward pass runs 
 engine's decode slots are. Adapters of different ranks stack zero-padded to the largest: the extra columns of A
 meet zero rows of B, so the padding adds exactly nothing.
 
-With several adapters, every row's input meets every adapter's A (N x r columns: a few hundred for 15 agents
-of rank 16, against the thousands of a projection) and a one-hot mix keeps each row's own; each adapter is read
-once per step, where a per-row gather would copy A and B for every decode slot. (`jax.lax.ragged_dot` over rows
-sorted by adapter is the TPU way; on CPU it falls back to one dense dot per group.)
+With several adapters, every row's input meets every adapter's A and a one-hot mix keeps each row's own: N x r
+columns of compute a projection (48 for 3 agents of rank 16; 240 for 15, against SmolLM2-135M's hidden size of
+576), where a per-row gather would instead copy A and B for every decode slot; each adapter is read once a
+step. (`jax.lax.ragged_dot` over rows sorted by adapter is the TPU way; on CPU it falls back to one dense dot
+per group.)
 """
 
 from __future__ import annotations
@@ -196,9 +197,9 @@ def stack_adapters(adapters: Sequence[Mapping], specs: Sequence[LoraSpec], rows=
 def project_with_adapter(target: str, x: jax.Array, w: jax.Array, adapter=None) -> jax.Array:
     """The base projection of `target` plus, with `adapter` = (A, B, mix or scale) from `AdapterBatch.layer`,
     the adapters' update: for one adapter ``scale (x A) B``; for N, every row's input meets every adapter's A
-    (N x rank columns, still few), the one-hot `mix` keeps each row's own adapter with its scale, and B maps back.
-    That reads each adapter once per step, where gathering a copy of A and B for every row would move
-    slots x adapter bytes per layer. The scale is applied in float32 to the rank-sized activations."""
+    (N x rank columns), the one-hot `mix` keeps each row's own adapter with its scale, and B maps back. That
+    reads each adapter once per step, where gathering a copy of A and B for every row would move slots x adapter
+    bytes per layer. The scale is applied in float32 to the rank-sized activations."""
     spec = PROJECTION_SPECS[target]
     y = project(spec, x, w)
     if adapter is None:
