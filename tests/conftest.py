@@ -18,6 +18,10 @@ if "JAX_COMPILATION_CACHE_DIR" not in os.environ:
     os.environ["JAX_COMPILATION_CACHE_DIR"] = tempfile.mkdtemp(prefix="flexmarl-jax-test-cache-")
     os.environ["JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS"] = "0"
     os.environ["JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES"] = "0"
+    # A size limit turns on JAX's file lock around the cache's reads and writes; without one (the default, -1)
+    # an entry is written in place, and a process reading it meanwhile (the other worker, a `flexmarl`
+    # subprocess) gets a truncated executable. 64 GiB: never reached, so nothing is evicted.
+    os.environ["JAX_COMPILATION_CACHE_MAX_SIZE"] = str(64 << 30)
     atexit.register(shutil.rmtree, os.environ["JAX_COMPILATION_CACHE_DIR"], ignore_errors=True)
 if "FLEXMARL_FIXTURE_DIR" not in os.environ:
     os.environ["FLEXMARL_FIXTURE_DIR"] = tempfile.mkdtemp(prefix="flexmarl-jax-test-fixtures-")

@@ -41,6 +41,19 @@ def server(trained_run):
         process.terminate()
 
 
+@pytest.fixture(autouse=True)
+def _server_output_if_it_ended(request):
+    """A test whose server ended under it fails with the server's own output (a Driver thread that raises
+    SIGKILLs the process, and gRPC then reports only a closed socket)."""
+    yield
+    if "server" not in request.fixturenames:
+        return
+    process, _ = request.getfixturevalue("server")
+    if process.process.poll() is not None:
+        output = "\n".join(process.lines[-80:])
+        pytest.fail(f"the server ended (rc={process.process.returncode}); its output:\n{output}")
+
+
 @pytest.fixture(scope="module")
 def stub(server):
     _, port = server
