@@ -25,6 +25,12 @@ def agent_config(model: str = "tiny") -> ml_collections.ConfigDict:
     agent.fp32_master_weights = False  # bfloat16 only: the optimizer updates a float32 copy of the parameters
     agent.decode_slots = 0  # concurrent sequences per engine instance of this agent; 0 = rollout.decode_slots
     agent.stop_pattern = ""  # a regex: a response ends once its last 64 tokens hold a match; "" = none
+    agent.lora = ml_collections.ConfigDict()  # train a LoRA adapter on a frozen base instead of the whole model
+    agent.lora.rank = 0  # the adapter's rank; 0 = full fine-tuning (no adapter)
+    agent.lora.alpha = 16.0  # the adapter's update is scaled by alpha / rank
+    # the projections that carry an adapter, comma-separated among q_proj, k_proj, v_proj, o_proj, gate_proj,
+    # up_proj, down_proj; "all" = the seven
+    agent.lora.targets = "all"
     return agent
 
 

@@ -23,9 +23,11 @@ The estimate, for P parameters (`ModelConfig.num_params`), b bytes per element o
                                                          plus the float32 next-token logits of every slot
 
 h = hidden size, H / K = query / KV heads, d = head dim, m = MLP width, V = vocabulary. A frozen reference
-(KL on) adds P * b; a PPO critic doubles params, optimizer, grads and activations. This counts what a
-step holds at its peak, not XLA's exact buffer plan: within 35% of XLA's own figure at small shapes
-(tests/config/test_memory.py), and the check leaves a margin.
+(KL on) adds P * b; a PPO critic doubles params, optimizer, grads and activations. A LoRA agent of A adapter
+parameters (float32) adds A * 4 to params, and its optimizer state and grads count A at 4 bytes instead of P (its
+KL reference is the base it already holds); each LoRA agent still holds a base of its own (docs/lora.md).
+This counts what a step holds at its peak, not XLA's exact buffer plan: within 35% of XLA's own figure at
+small shapes (tests/config/test_memory.py), and the check leaves a margin.
 
 Where it must fit. On a CPU host the fake XLA devices share the host's RAM, so the whole team must fit in
 it (less a margin). On an accelerator, each agent's training state is spread over its training mesh and each
@@ -45,6 +47,7 @@ from typing import TYPE_CHECKING
 from flexmarl_jax.config.devices import devices_needed
 from flexmarl_jax.config.errors import ConfigError
 from flexmarl_jax.models.dtypes import DTYPE_BYTES
+from flexmarl_jax.models.lora_targets import adapter_parameter_count
 
 if TYPE_CHECKING:
     from flexmarl_jax.config.schema import RunConfig
@@ -95,11 +98,12 @@ class AgentMemory:
 def estimate_agent_memory(model_config: ModelConfig, *, dtype: str, fp32_master_weights: bool,
                           optimizer: str = "adam", train_rows: int, train_len: int, remat: bool,
                           decode_slots: int, cache_length: int, instances: int, reference: bool = False,
-                          critic: bool = False) -> AgentMemory:
+                          critic: bool = False, adapter_params: int = 0) -> AgentMemory:
     """Peak bytes of one agent: its trainer (micro-batches of `train_rows` x `train_len` tokens) and its
     `instances` engine instances (`decode_slots` sequences of `cache_length` positions each).
 
     reference: a frozen reference model is kept (KL on); critic: a PPO critic (a second network) is trained.
+    adapter_params: a LoRA agent's adapter size (0: the whole model is trained).
     """
     if dtype not in DTYPE_BYTES:
         raise ValueError(f"dtype={dtype!r} is not allowed; choose one of: {', '.join(DTYPE_BYTES)}")
@@ -109,11 +113,16 @@ def estimate_agent_memory(model_config: ModelConfig, *, dtype: str, fp32_master_
     count, width = m.num_params(), DTYPE_BYTES[dtype]
     networks = 2 if critic else 1
 
-    params = count * width * networks + (count * width if reference else 0)
-    moment_width = _FLOAT32 if fp32_master_weights else width
-    master = count * _FLOAT32 if fp32_master_weights else 0
-    optimizer_bytes = (master + OPTIMIZER_MOMENTS[optimizer] * count * moment_width) * networks
-    grads = count * (_FLOAT32 + width) * networks
+    if adapter_params:  # float32 adapters are trained; the base is frozen and is the KL's reference
+        params = count * width + adapter_params * _FLOAT32
+        optimizer_bytes = OPTIMIZER_MOMENTS[optimizer] * adapter_params * _FLOAT32
+        grads = adapter_params * 2 * _FLOAT32
+    else:
+        params = count * width * networks + (count * width if reference else 0)
+        moment_width = _FLOAT32 if fp32_master_weights else width
+        master = count * _FLOAT32 if fp32_master_weights else 0
+        optimizer_bytes = (master + OPTIMIZER_MOMENTS[optimizer] * count * moment_width) * networks
+        grads = count * (_FLOAT32 + width) * networks
 
     tokens = train_rows * train_len
     per_token = width * (4 * m.hidden_size + 2 * m.num_heads * m.head_dim + 2 * m.num_kv_heads * m.head_dim
@@ -145,7 +154,8 @@ def agent_memory(config: RunConfig, agent: str, model_config: ModelConfig) -> Ag
         train_rows=config.train.rows_per_pass or config.train.micro_batch_size, train_len=length,
         remat=config.train.remat,
         decode_slots=settings.decode_slots or rollout.decode_slots, cache_length=length,
-        instances=rollout.instances_per_agent, reference=loss.kl_coef > 0, critic=loss.needs_values)
+        instances=rollout.instances_per_agent, reference=loss.kl_coef > 0, critic=loss.needs_values,
+        adapter_params=adapter_parameter_count(model_config, settings.lora.rank, settings.lora.target_names))
 
 
 def host_memory_bytes() -> int:

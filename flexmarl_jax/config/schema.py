@@ -14,6 +14,7 @@ This module does not use `from __future__ import annotations`: the field types a
 
 import dataclasses
 import json
+import os
 from collections.abc import Mapping
 from typing import Any
 
@@ -40,6 +41,8 @@ from flexmarl_jax.config.rules import (
     workflow_names,
 )
 from flexmarl_jax.models.dtypes import PARAM_DTYPES, master_weights_problem
+from flexmarl_jax.models.lora_targets import ALL as ALL_TARGETS
+from flexmarl_jax.models.lora_targets import TARGETS, parse_targets, targets_problem
 from flexmarl_jax.train.rules import (
     rows_per_pass_problem,
     temperature_problem,
@@ -52,6 +55,26 @@ _frozen = dataclasses.dataclass(frozen=True)
 
 
 # ------------------------------------------------------------------------------------ sections
+
+
+@_frozen
+class LoraConfig(Section):
+    """An agent's LoRA adapter (`config.agents.<name>.lora`): with rank > 0 the agent trains an adapter on a
+    frozen copy of its `model`, which agents of the same model share (models/lora.py)."""
+
+    rank: int = setting(0, rule=at_least_zero, help="the adapter's rank; 0 = full fine-tuning (no adapter)")
+    alpha: float = setting(16.0, rule=above_zero, help="the adapter's update is scaled by alpha / rank")
+    targets: str = setting(ALL_TARGETS, rule=targets_problem,
+                           help=f"the projections that carry an adapter, comma-separated among "
+                                f"{', '.join(TARGETS)}; {ALL_TARGETS!r} = the seven")
+
+    @property
+    def enabled(self) -> bool:
+        return self.rank > 0
+
+    @property
+    def target_names(self) -> tuple[str, ...]:
+        return parse_targets(self.targets)
 
 
 @_frozen
@@ -75,6 +98,8 @@ class AgentConfig(Section):
     stop_pattern: str = setting("", rule=regex_rule, help="a Python regex: a response ends (finish reason 'stop') "
                                 "as soon as its last 64 tokens hold a match, e.g. the line that states the answer; "
                                 "'' = none")
+    lora: LoraConfig = setting(factory=LoraConfig, help="train a LoRA adapter on a frozen base instead of the "
+                               "whole model")
 
     def check(self, path: str) -> None:
         problem = master_weights_problem(self.dtype, self.fp32_master_weights, where=f"{path}.")
@@ -421,9 +446,23 @@ class RunConfig(Section):
             raise ConfigError(f"config.pipeline.emulate_median_response={self.pipeline.emulate_median_response} "
                               f"exceeds rollout.max_response_length={self.rollout.max_response_length}")
         self._check_distributed()
+        self._check_lora_groups()
         if not 0 <= self.mesh.train_slices <= len(self.agents):
             raise ConfigError(f"config.mesh.train_slices={self.mesh.train_slices} must be in 0..{len(self.agents)} "
                               "(the number of agents; 0 = a dedicated training slice per agent)")
+
+    def _check_lora_groups(self) -> None:
+        """LoRA agents of one `model` share one frozen base (a base group), so they must agree on its dtype."""
+        dtypes: dict[str, tuple[str, str]] = {}
+        for name, agent in self.agents.items():
+            if not agent.lora.enabled:
+                continue
+            base = os.path.realpath(agent.model) if os.path.isdir(agent.model) else agent.model
+            first = dtypes.setdefault(base, (name, agent.dtype))
+            if first[1] != agent.dtype:
+                raise ConfigError(f"config.agents.{name}.dtype={agent.dtype!r} differs from agents.{first[0]}.dtype="
+                                  f"{first[1]!r}: LoRA agents of model {agent.model!r} share one frozen base, in one "
+                                  "dtype")
 
     def _check_distributed(self) -> None:
         """Several processes replay one deterministic rollout each, on their own instances of every agent, and

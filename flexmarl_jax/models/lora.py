@@ -30,11 +30,9 @@ import numpy as np
 from flax import nnx
 
 from flexmarl_jax.models.config import ModelConfig
+from flexmarl_jax.models.lora_targets import TARGETS
 from flexmarl_jax.models.projection import project
 
-ATTENTION_TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj")
-MLP_TARGETS = ("gate_proj", "up_proj", "down_proj")
-TARGETS = ATTENTION_TARGETS + MLP_TARGETS
 # The einsum of each target's base projection (models/layers.py); the adapter's two einsums derive from it.
 PROJECTION_SPECS = {
     "q_proj": "bte,ehd->bthd", "k_proj": "bte,ehd->bthd", "v_proj": "bte,ehd->bthd", "o_proj": "bthd,hde->bte",

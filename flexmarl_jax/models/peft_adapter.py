@@ -19,7 +19,8 @@ from safetensors import safe_open
 from safetensors.numpy import save_file
 
 from flexmarl_jax.models.config import ModelConfig
-from flexmarl_jax.models.lora import ATTENTION_TARGETS, LoraSpec, adapter_shapes, checked_adapter
+from flexmarl_jax.models.lora import LoraSpec, adapter_shapes, checked_adapter
+from flexmarl_jax.models.lora_targets import ATTENTION_TARGETS
 
 CONFIG_FILE = "adapter_config.json"
 WEIGHTS_FILE = "adapter_model.safetensors"

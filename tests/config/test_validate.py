@@ -39,6 +39,14 @@ def _build(spec=None, overrides=None, devices=8) -> RunConfig:
     ({"pipeline.balance_delta": "0"}, "config.pipeline.balance_delta=0 must be a positive integer"),
     ({"rollout.min_instances_per_agent": "2"}, "min_instances_per_agent=2 exceeds rollout.instances_per_agent=1"),
     ({"rollout.max_retries": "-1"}, "config.rollout.max_retries=-1 must be >= 0"),
+    ({"agents.solver.lora.rank": "-1"}, "config.agents.solver.lora.rank=-1 must be >= 0"),
+    ({"agents.solver.lora.rank": "8", "agents.solver.lora.targets": "q_proj,c_attn"},
+     "config.agents.solver.lora.targets='q_proj,c_attn' names c_attn, which the Qwen2, Llama and Qwen3 decoders lack"),
+    ({"agents.solver.lora.targets": "q_proj,,v_proj"}, "lora.targets='q_proj,,v_proj' has an empty name"),
+    ({"agents.solver.lora.alpha": "0"}, "config.agents.solver.lora.alpha=0.0 must be > 0"),
+    ({"agents.solver.lora.rank": "8", "agents.verifier.lora.rank": "4", "agents.verifier.dtype": "bfloat16"},
+     "config.agents.verifier.dtype='bfloat16' differs from agents.solver.dtype='float32': LoRA agents of model "
+     "'tiny' share one frozen base"),
 ])
 def test_bad_values(overrides, fragment):
     with pytest.raises(ConfigError) as error:
@@ -220,3 +228,17 @@ def test_shared_roles_make_one_agent():
     workflow = workflow_from_config(config.workflow)
     played = [workflow.nodes[node].agent for node in workflow.order]
     assert played.count("debater") == 4 and played.count("debater2") == 2  # 2 roles x 2 rounds, 1 x 2
+
+
+def test_lora_agents_of_one_base_may_differ_in_rank_and_targets_and_join_full_agents():
+    """A group of LoRA agents (one model, one dtype) with ranks 8 and 4 and their own targets, beside a full
+    fine-tune of the same model in another dtype; each trainer's view carries its own spec."""
+    from flexmarl_jax.train.from_config import trainer_config_for
+
+    config = _build(overrides={"agents.solver.lora.rank": "8", "agents.verifier.lora.rank": "4",
+                               "agents.verifier.lora.targets": "v_proj,q_proj", "agents.corrector.dtype": "bfloat16"})
+    solver, verifier, corrector = (trainer_config_for(config, name).lora
+                                   for name in ("solver", "verifier", "corrector"))
+    assert (solver.rank, solver.scale, len(solver.targets)) == (8, 2.0, 7)
+    assert (verifier.rank, verifier.targets) == (4, ("q_proj", "v_proj"))
+    assert corrector.rank == 0

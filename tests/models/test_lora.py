@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 from flexmarl_jax.models import functional as F
-from flexmarl_jax.models import lora
+from flexmarl_jax.models import lora, lora_targets
 from flexmarl_jax.models.presets import get_preset
 
 _forward = jax.jit(F.forward, static_argnums=0, static_argnames="remat")
@@ -140,7 +140,7 @@ def _reference_logits(adapter, spec, batch):
     graphdef, base = _base()
     params = jax.tree.map(lambda x: x, base)
     for target, pair in adapter.items():
-        group = "attn" if target in lora.ATTENTION_TARGETS else "mlp"
+        group = "attn" if target in lora_targets.ATTENTION_TARGETS else "mlp"
         for layer in range(CONFIG.num_layers):
             weight = params["layers"][layer][group][target]
             a = pair["a"][layer].reshape(-1, spec.rank)  # [in, r]
@@ -245,3 +245,13 @@ def test_rank_zero_is_full_fine_tuning_and_has_no_adapter():
     assert spec.scale == 0.0
     with pytest.raises(ValueError, match="rank 0"):
         lora.init_adapters(CONFIG, spec, seed=0)
+
+
+@pytest.mark.parametrize("targets", [lora_targets.TARGETS, ("q_proj", "v_proj"), ("o_proj", "down_proj")])
+def test_the_memory_estimates_adapter_size_is_the_real_adapters(targets):
+    """lora_targets.adapter_parameter_count (pure Python, for the config's memory check) counts what
+    init_adapters allocates, on a model whose query, KV and MLP widths all differ."""
+    config = get_preset("tiny")
+    spec = lora.LoraSpec(6, 12.0, targets)
+    real = lora.adapter_count(jax.eval_shape(functools.partial(lora.init_adapters, config, spec, seed=0)))
+    assert lora_targets.adapter_parameter_count(config, 6, targets) == real > 0
