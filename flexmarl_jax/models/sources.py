@@ -11,6 +11,7 @@ its own config, weights, tokenizer, stop tokens and chat template (models/hf_dir
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import os
 from typing import Any
 
@@ -51,6 +52,27 @@ class ModelSource:
 
         loaded = from_pretrained(self.checkpoint_dir, mesh=mesh, dtype=dtype if dtype is not None else jnp.float32)
         return loaded.graphdef, loaded.params
+
+    def base_record(self, init_seed: int) -> dict[str, Any]:
+        """What identifies these weights as a LoRA base, for a checkpoint to record and its reader to find and
+        check: the directory and the SHA-256 of its weight and config files, or the preset and the seed it was
+        initialised with."""
+        if self.checkpoint_dir is None:
+            return {"model": self.name, "init_seed": int(init_seed)}
+        return {"model": self.checkpoint_dir, "sha256": weights_digest(self.checkpoint_dir)}
+
+
+def weights_digest(directory: str) -> str:
+    """SHA-256 over a checkpoint directory's config.json and *.safetensors files (names and bytes, in name
+    order): two directories with equal digests hold the same model."""
+    digest = hashlib.sha256()
+    for name in sorted(os.listdir(directory)):
+        if name == "config.json" or name.endswith(".safetensors"):
+            digest.update(name.encode() + b"\0")
+            with open(os.path.join(directory, name), "rb") as file:
+                for block in iter(lambda: file.read(1 << 24), b""):
+                    digest.update(block)
+    return digest.hexdigest()
 
 
 def resolve_model(model: str) -> ModelSource:

@@ -31,6 +31,7 @@ from flexmarl_jax.config.workflow_from_config import team_agents
 from flexmarl_jax.mesh.layout import AgentDevices, interleave_processes, layout_devices
 from flexmarl_jax.mesh.meshes import make_mesh
 from flexmarl_jax.models.config import ModelConfig
+from flexmarl_jax.models.functional import init_params
 from flexmarl_jax.models.sources import ModelSource, resolve_model
 from flexmarl_jax.models.tokenizer import Tokenizer
 from flexmarl_jax.orchestrator.shared_training import DedicatedTraining, SharedTraining, TrainingPool
@@ -132,21 +133,32 @@ def build_agent_runtimes(config: RunConfig, layout: Mapping[str, AgentDevices], 
         ``train_meshes[agent]`` names another (a shared slice, or one mesh for every agent in tests).
     sources: agent -> its `ModelSource` (default: `model_sources(config)`). A checkpoint's weights load straight
         onto the agent's training mesh; a preset is initialised with seed ``config.seed * 1000 + i`` (agent i).
+        LoRA agents of one model share its weights: a preset base takes the seed of the group's first agent,
+        and each agent's adapter its own.
     trainer_overrides: TrainerConfig fields to replace for every agent (what a RunConfig cannot express,
         e.g. an optimizer with another eps in tests).
     """
     sources = model_sources(config) if sources is None else sources
     runtimes = {}
+    base_records: dict[str, dict] = {}  # a LoRA base group's record, by model (its digest is computed once)
     for index, agent in enumerate(team_agents(config.workflow)):
         source = sources[agent]
         trainer_config = dataclasses.replace(agent_trainer_config(config, agent), **(trainer_overrides or {}))
         mesh = train_meshes[agent] if train_meshes is not None else layout[agent].train_mesh(config.mesh.tp)
         # Weights load in the dtype they are trained in; with master weights in float32, which the trainer keeps
         # as the master copy and casts for the bfloat16 parameters.
-        load_dtype = "float32" if trainer_config.fp32_master_weights else trainer_config.dtype
-        trainer = AgentTrainer(agent, source.model_config, trainer_config, mesh=mesh,
-                               seed=config.seed * 1000 + index,
-                               initial=source.initial_weights(mesh=mesh, dtype=jnp.dtype(load_dtype)))
+        load_dtype = jnp.dtype("float32" if trainer_config.fp32_master_weights else trainer_config.dtype)
+        seed = config.seed * 1000 + index
+        initial = source.initial_weights(mesh=mesh, dtype=load_dtype)
+        base_record = None
+        if trainer_config.lora.rank:
+            key = source.checkpoint_dir or source.name
+            base_record = base_records.setdefault(key, source.base_record(init_seed=seed))
+            if initial is None:  # a preset: the group's weights, not this agent's own random init
+                initial = init_params(source.model_config, seed=base_record["init_seed"], mesh=mesh,
+                                      dtype=load_dtype)
+        trainer = AgentTrainer(agent, source.model_config, trainer_config, mesh=mesh, seed=seed, initial=initial,
+                               base_record=base_record)
         runtimes[agent] = AgentRuntime(name=agent, model_config=source.model_config, tokenizer=source.tokenizer,
                                        sampling=sampling_for(config, agent), devices=layout[agent], trainer=trainer)
     return runtimes

@@ -1,4 +1,5 @@
-"""`flexmarl export WORKDIR --agent NAME --out DIR`: one trained agent as a Hugging Face model directory.
+"""`flexmarl export WORKDIR --agent NAME --out DIR [--format merged|peft]`: one trained agent as a Hugging Face
+model directory, or a LoRA agent's adapter as a PEFT adapter directory.
 
 The directory holds ``config.json`` and safetensors weights (`models.checkpoint.save_pretrained`), the
 tokenizer files and a ``generation_config.json``, so ``transformers.AutoModelForCausalLM.from_pretrained`` and
@@ -6,6 +7,10 @@ tokenizer files and a ``generation_config.json``, so ``transformers.AutoModelFor
 Only the policy parameters are read from the checkpoint, onto one CPU device: no trainer, no optimizer state.
 Everything is written into a temporary directory beside DIR and renamed at the end, so a failed export leaves
 nothing behind. docs/export.md describes the output.
+
+A LoRA agent (`agents.<name>.lora.rank` > 0) exports either way: ``merged`` (the default) folds its adapter into
+the base it was trained on, as a full model; ``peft`` writes ``adapter_config.json`` and
+``adapter_model.safetensors`` for ``peft.PeftModel.from_pretrained(base, DIR)``.
 """
 
 from __future__ import annotations
@@ -61,26 +66,42 @@ class _Source:
     checkpoint_dir: str | None  # None for a preset (character tokenizer)
 
 
+FORMATS = ("merged", "peft")
+
+
 def export_agent(workdir: str, agent: str, out: str, *, policy_version: int | None = None,
-                 force: bool = False) -> ExportResult:
-    """Exports ``agent``'s policy at ``policy_version`` (default: the latest) from a `flexmarl train` workdir.
+                 force: bool = False, format: str = "merged") -> ExportResult:
+    """Exports ``agent``'s policy at ``policy_version`` (default: the latest) from a `flexmarl train` workdir:
+    ``format="merged"`` a full model directory, ``"peft"`` a LoRA agent's adapter directory.
 
     Raises ExportError (one line, nothing written) for a workdir without a readable config.json, an unknown
-    agent, a version that was not saved, a model source that no longer matches the checkpoint, or a non-empty
-    ``out`` without ``force``.
+    agent, a version that was not saved, a model source that no longer matches the checkpoint, a LoRA base that
+    changed since training, ``peft`` for an agent without an adapter, or a non-empty ``out`` without ``force``.
     """
-    source = _agent_source(workdir, agent)
+    if format not in FORMATS:
+        raise ExportError(f"--format {format!r}: choose one of {', '.join(FORMATS)}")
+    config = read_run_config(workdir)
+    source = agent_source(config, agent, workdir)
+    if format == "peft" and not config.agents[agent].lora.rank:
+        raise ExportError(f"--format peft writes a LoRA adapter, and agent {agent!r} trained its whole model "
+                          f"(config.agents.{agent}.lora.rank=0); use --format merged")
     checkpoints = saved_checkpoints(workdir, agent, policy_version)
     out = os.path.abspath(out)
     _check_output(out, force, protected=[workdir] + ([source.checkpoint_dir] if source.checkpoint_dir else []))
 
     snapshot = restore_matching_policy(checkpoints, policy_version, source, agent)
-    files = write_directory(out, "export", lambda staging: _write_model_dir(staging, snapshot, source))
     # lazy: cli/import_gguf.py imports this module; `flexmarl import-gguf` needs no JAX (~1 s)
     import jax
 
     from flexmarl_jax.models.functional import param_count
+    from flexmarl_jax.models.lora import adapter_count
 
+    if format == "peft":
+        files = write_directory(out, "export", lambda staging: _write_adapter_dir(staging, snapshot))
+        return ExportResult(agent, snapshot.policy_version, out, tuple(files),
+                            f"LoRA r={snapshot.lora.rank} on {snapshot.model_config.architecture}",
+                            adapter_count(snapshot.adapters), "float32")
+    files = write_directory(out, "export", lambda staging: _write_model_dir(staging, snapshot, source))
     dtype = "/".join(sorted({str(leaf.dtype) for leaf in jax.tree.leaves(snapshot.params)}))
     return ExportResult(agent, snapshot.policy_version, out, tuple(files), snapshot.model_config.architecture,
                         param_count(snapshot.params), dtype)
@@ -134,10 +155,6 @@ def saved_checkpoints(workdir: str, agent: str, policy_version: int | None) -> s
     return checkpoints
 
 
-def _agent_source(workdir: str, agent: str) -> _Source:
-    return agent_source(read_run_config(workdir), agent, workdir)
-
-
 def _check_output(out: str, force: bool, protected: list[str]) -> None:
     for path in map(os.path.abspath, protected):  # --force must never delete the run or the model it came from
         if os.path.commonpath([out, path]) == out:
@@ -156,7 +173,7 @@ def restore_matching_policy(checkpoints: str, policy_version: int | None, source
 
     try:
         snapshot = restore_policy(checkpoints, policy_version)
-    except ValueError as error:  # a checkpoint whose arrays miss its model's shapes
+    except (ValueError, FileNotFoundError) as error:  # arrays that miss the model's shapes; a LoRA base changed
         raise ExportError(str(error)) from None
     except CheckpointCorrupted as error:  # its files changed since the save, or the save never finished
         raise ExportError(f"{error}; pass an older --version") from None
@@ -184,6 +201,15 @@ def _write_model_dir(directory: str, snapshot, source: _Source) -> list[str]:
             json.dump(_generation_config(source.tokenizer), handle, indent=2)
         files.append("generation_config.json")
     return files
+
+
+def _write_adapter_dir(directory: str, snapshot) -> list[str]:
+    # lazy: models.peft_adapter loads JAX, which `flexmarl import-gguf` (cli/import_gguf.py) needs not
+    from flexmarl_jax.models.peft_adapter import CONFIG_FILE, WEIGHTS_FILE, save_peft_adapter
+
+    base = snapshot.base["model"] if "sha256" in snapshot.base else None  # a preset is no model PEFT can load
+    save_peft_adapter(snapshot.adapters, snapshot.lora, directory, base_model=base)
+    return [CONFIG_FILE, WEIGHTS_FILE]
 
 
 def _generation_config(tokenizer: Tokenizer) -> dict:

@@ -30,6 +30,7 @@ import jax
 import numpy as np
 from jax.sharding import Mesh
 
+from flexmarl_jax.models.lora import merge_adapter
 from flexmarl_jax.orchestrator.allocation import TrainerResidency
 from flexmarl_jax.train.slice_pool import TrainingSlicePool
 from flexmarl_jax.train.trainer import AgentTrainer
@@ -134,7 +135,11 @@ class PooledTrainer:
         with self._lock:
             if self._active is not None:
                 return jax.tree.map(_host_copy, self._trainer.params)
-            return jax.tree.map(_host_copy, self._shared.residency.read(self.agent)["trainable"]["policy"])
+            state = self._shared.residency.read(self.agent)
+            if "base" in state:  # a LoRA agent: its base with the adapter merged
+                return jax.tree.map(_host_copy, merge_adapter(state["base"], state["trainable"]["adapters"],
+                                                              self._trainer.config.lora))
+            return jax.tree.map(_host_copy, state["trainable"]["policy"])
 
     def checkpoint_state(self) -> dict:
         """{"trainable", "opt_state"[, "reference"]} as stored (at an iteration boundary, not active)."""

@@ -15,6 +15,7 @@ every restore verifies it first, so a step whose bytes changed on disk, or whose
 from __future__ import annotations
 
 import dataclasses
+import functools
 import json
 import logging
 import os
@@ -22,13 +23,17 @@ from collections.abc import Mapping
 from typing import Any, NamedTuple
 
 import jax
+import jax.numpy as jnp
 import orbax.checkpoint as ocp
 from flax import nnx
 
 from flexmarl_jax import faults
 from flexmarl_jax.distributed.barrier import barrier
+from flexmarl_jax.models.checkpoint import from_pretrained
 from flexmarl_jax.models.config import ModelConfig
-from flexmarl_jax.models.functional import abstract_model
+from flexmarl_jax.models.functional import abstract_model, init_params
+from flexmarl_jax.models.lora import LoraSpec, init_adapters, merge_adapter
+from flexmarl_jax.models.sources import weights_digest
 from flexmarl_jax.train import checkpoint_integrity
 from flexmarl_jax.train.trainer import AgentTrainer
 from flexmarl_jax.workdir_paths import orbax_directory
@@ -61,14 +66,25 @@ def flatten_to_names(tree) -> tuple[dict[str, jax.Array], jax.tree_util.PyTreeDe
 
 
 def _meta(trainer: AgentTrainer) -> dict:
-    return {
+    meta = {
         "agent": trainer.agent,
         "policy_version": trainer.policy_version,
         "model_config": dataclasses.asdict(trainer.model_config),
         "loss": dataclasses.asdict(trainer.config.loss),
         "optimizer": dataclasses.asdict(trainer.config.optimizer),
         "mesh_shape": dict(trainer.mesh.shape),
+        "lora": dataclasses.asdict(trainer.config.lora),
     }
+    if trainer.config.lora.rank:  # the state holds the adapter only: say which base it goes on
+        meta["base"] = dict(trainer.base_record, dtype=trainer.config.dtype)
+    return meta
+
+
+def _lora_of(meta: Mapping) -> dict:
+    """A checkpoint's LoRA spec, to compare: every full fine-tune is {"rank": 0} whatever its alpha and targets
+    (and a checkpoint from before adapters existed is one)."""
+    lora = meta.get("lora", {"rank": 0})
+    return dict(lora) if lora["rank"] else {"rank": 0}
 
 
 def _manager(directory: str | os.PathLike, max_to_keep: int | None = None) -> ocp.CheckpointManager:
@@ -129,10 +145,11 @@ def restore_trainer(trainer: AgentTrainer, directory: str | os.PathLike,
             verify_checkpoint(directory, step)
         meta = manager.restore(step, args=ocp.args.Composite(meta=ocp.args.JsonRestore()))["meta"]
         expected = json.loads(json.dumps(_meta(trainer)))
-        for field in ("agent", "model_config", "loss", "optimizer"):
-            if meta[field] != expected[field]:
-                raise ValueError(f"checkpoint {directory}/{step} has {field}={meta[field]!r}, but this trainer "
-                                 f"has {field}={expected[field]!r}")
+        meta["lora"], expected["lora"] = _lora_of(meta), _lora_of(expected)
+        for field in ("agent", "model_config", "loss", "optimizer", "lora", "base"):
+            if meta.get(field) != expected.get(field):
+                raise ValueError(f"checkpoint {directory}/{step} has {field}={meta.get(field)!r}, but this trainer "
+                                 f"has {field}={expected.get(field)!r}")
         template, treedef = flatten_to_names(trainer.checkpoint_state())
         shardings, _ = flatten_to_names(trainer.checkpoint_shardings())
         target = {name: jax.ShapeDtypeStruct(leaf.shape, leaf.dtype, sharding=shardings[name])
@@ -161,7 +178,10 @@ class PolicySnapshot(NamedTuple):
     policy_version: int
     model_config: ModelConfig
     graphdef: Any
-    params: nnx.State  # on one device, in the dtype the trainer kept
+    params: nnx.State  # on one device, in the dtype the trainer kept; a LoRA agent's base with its adapter merged
+    lora: LoraSpec | None = None  # a LoRA agent's spec, with its adapter and base record:
+    adapters: dict | None = None
+    base: dict | None = None
 
 
 def checkpoint_versions(directory: str | os.PathLike) -> list[int]:
@@ -202,19 +222,58 @@ def restore_policy(directory: str | os.PathLike, policy_version: int | None = No
         meta = manager.restore(step, args=ocp.args.Composite(meta=ocp.args.JsonRestore()))["meta"]
         saved = manager.item_metadata(step)["state"]
         model_config = ModelConfig(**meta["model_config"])
+        if _lora_of(meta)["rank"]:
+            return _restore_lora_policy(manager, directory, step, meta, saved, sharding)
         dtype = saved[_POLICY_PREFIX + "embed.embedding.value"].dtype
         graphdef, abstract = abstract_model(model_config, dtype=dtype)
-        expected, treedef = flatten_to_names({"trainable": {"policy": abstract}})
-        for name, leaf in expected.items():
-            if name not in saved or tuple(saved[name].shape) != tuple(leaf.shape):
-                found = tuple(saved[name].shape) if name in saved else "nothing"
-                raise ValueError(f"checkpoint {directory}/{step} holds {found} at {name}, but its model_config "
-                                 f"needs shape {tuple(leaf.shape)}")
-        target = {name: jax.ShapeDtypeStruct(saved[name].shape, saved[name].dtype, sharding=sharding)
-                  for name in expected}
-        restore_args = {name: ocp.ArrayRestoreArgs(sharding=sharding, dtype=saved[name].dtype)
-                        for name in expected}
-        restored = manager.restore(step, args=ocp.args.Composite(
-            state=ocp.args.PyTreeRestore(target, restore_args=restore_args, partial_restore=True)))["state"]
-    policy = jax.tree_util.tree_unflatten(treedef, [restored[name] for name in expected])["trainable"]["policy"]
+        policy = _restore_partial(manager, directory, step, saved, {"trainable": {"policy": abstract}},
+                                  sharding)["trainable"]["policy"]
     return PolicySnapshot(int(meta["policy_version"]), model_config, graphdef, policy)
+
+
+def _restore_partial(manager, directory, step, saved, tree, sharding) -> Any:
+    """``tree`` (of ShapeDtypeStructs) read from the checkpoint's state by name, onto ``sharding``; a missing or
+    differently shaped array is a ValueError."""
+    expected, treedef = flatten_to_names(tree)
+    for name, leaf in expected.items():
+        if name not in saved or tuple(saved[name].shape) != tuple(leaf.shape):
+            found = tuple(saved[name].shape) if name in saved else "nothing"
+            raise ValueError(f"checkpoint {directory}/{step} holds {found} at {name}, but its model_config "
+                             f"needs shape {tuple(leaf.shape)}")
+    target = {name: jax.ShapeDtypeStruct(saved[name].shape, saved[name].dtype, sharding=sharding)
+              for name in expected}
+    restore_args = {name: ocp.ArrayRestoreArgs(sharding=sharding, dtype=saved[name].dtype) for name in expected}
+    restored = manager.restore(step, args=ocp.args.Composite(
+        state=ocp.args.PyTreeRestore(target, restore_args=restore_args, partial_restore=True)))["state"]
+    return jax.tree_util.tree_unflatten(treedef, [restored[name] for name in expected])
+
+
+def _restore_lora_policy(manager, directory, step, meta, saved, sharding) -> PolicySnapshot:
+    """A LoRA agent's policy: its adapter from the checkpoint, merged onto the base its meta records."""
+    lora = meta["lora"]
+    spec = LoraSpec(lora["rank"], lora["alpha"], tuple(lora["targets"]))
+    model_config = ModelConfig(**meta["model_config"])
+    abstract = jax.eval_shape(functools.partial(init_adapters, model_config, spec, seed=0))
+    adapters = _restore_partial(manager, directory, step, saved, {"trainable": {"adapters": abstract}},
+                                sharding)["trainable"]["adapters"]
+    graphdef, base = load_base(meta["base"], model_config, sharding)
+    return PolicySnapshot(int(meta["policy_version"]), model_config, graphdef, merge_adapter(base, adapters, spec),
+                          lora=spec, adapters=adapters, base=dict(meta["base"]))
+
+
+def load_base(record: Mapping[str, Any], model_config: ModelConfig, sharding) -> tuple[Any, nnx.State]:
+    """(graphdef, params) of the LoRA base a checkpoint records (`ModelSource.base_record` plus its dtype): the
+    directory, refused when its weights changed since (SHA-256), or the preset initialised with its seed."""
+    dtype = jnp.dtype(record["dtype"])
+    if "sha256" in record:
+        directory = record["model"]
+        if not os.path.isdir(directory):
+            raise FileNotFoundError(f"the LoRA base {directory} this checkpoint was trained on is gone")
+        found = weights_digest(directory)
+        if found != record["sha256"]:
+            raise ValueError(f"the LoRA base {directory} has changed since this checkpoint was trained on it "
+                             f"(sha256 {found[:12]}..., recorded {record['sha256'][:12]}...)")
+        loaded = from_pretrained(directory, dtype=dtype)
+        return loaded.graphdef, jax.device_put(loaded.params, sharding)
+    graphdef, params = init_params(model_config, seed=int(record["init_seed"]), dtype=dtype)
+    return graphdef, jax.device_put(params, sharding)

@@ -3,7 +3,7 @@
 Reads only: train.{algorithm, learning_rate, micro_batch_size, rows_per_pass, max_staleness, tis_cap, remat,
 kl_coef},
 rollout.{max_prompt_length, max_response_length} and agents.<name>.{learning_rate, dtype, fp32_master_weights,
-temperature, top_k, top_p}. `TrainerConfig`, its `OptimizerConfig` and `LossConfig` have no defaults of their own:
+temperature, top_k, top_p, lora}. `TrainerConfig`, its `OptimizerConfig` and `LossConfig` have no defaults of their own:
 what a run does not choose is set here (`OPTIMIZER_SETTINGS`, the in-step flags) and in the algorithm's loss
 preset (`algorithms.LOSS_SETTINGS`).
 """
@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from flexmarl_jax.models.lora import LoraSpec
 from flexmarl_jax.train.algorithms import loss_config_for
 from flexmarl_jax.train.losses import LossConfig
 from flexmarl_jax.train.optim import OptimizerConfig
@@ -59,4 +60,5 @@ def trainer_config_for(config: RunConfig, agent: str, **loss_overrides) -> Train
         sampling_temperature=settings.temperature,
         sampling_top_k=settings.top_k,
         sampling_top_p=settings.top_p,
+        lora=LoraSpec(settings.lora.rank, settings.lora.alpha, settings.lora.target_names),
     )

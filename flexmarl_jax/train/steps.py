@@ -1,6 +1,12 @@
 """The jitted steps of one agent's training (accumulate, apply, log-probs, values) and their shardings, for one
 (model, `TrainerConfig`, mesh); `steps_for` caches them, so trainers with equal settings share one compile.
 `AgentTrainer` (trainer.py) holds the state and calls these.
+
+What the optimizer updates is the trainable tree: ``{"policy": params}`` (plus ``"critic"`` for PPO), or for a
+LoRA agent (`TrainerConfig.lora` with rank > 0) ``{"adapters": tree}`` in float32, replicated. Beside it every
+step that runs the policy takes a frozen tree: the LoRA agent's base parameters (its policy is the base with
+the adapter; its KL reference is the base alone, the adapter at zero), or the frozen reference copy a full
+agent keeps when the KL is on (else None).
 """
 
 from __future__ import annotations
@@ -14,6 +20,7 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec
 from flexmarl_jax.distributed.cpu_completion import completed, needs_completion
 from flexmarl_jax.models import functional
 from flexmarl_jax.models.config import ModelConfig
+from flexmarl_jax.models.lora import init_adapters, merge_adapter, stack_adapters
 from flexmarl_jax.models.sampling_distribution import is_plain_softmax, sampling_token_logprobs
 from flexmarl_jax.train.batch import ARRAY_FIELDS, MicroBatch
 from flexmarl_jax.train.losses import LOSSES, accumulate_metrics
@@ -70,6 +77,10 @@ class TrainSteps:
         self.tx = make_optimizer(config.optimizer)
         self.has_critic = config.loss.needs_values
         self.has_reference = config.loss.kl_coef > 0 and config.reference_in_step
+        self.lora = config.lora if config.lora.rank else None
+        if self.lora is not None and self.has_critic:
+            raise ValueError(f"loss {config.loss.name!r} trains a critic, a full copy of the model; LoRA agents "
+                             "(lora rank > 0) train with a critic-free algorithm (grpo, drgrpo, ...)")
 
         self.replicated = NamedSharding(mesh, PartitionSpec())
         self.waits_for_completion = needs_completion(mesh)  # a CPU mesh over several processes
@@ -81,24 +92,31 @@ class TrainSteps:
         _, abstract_policy = functional.abstract_model(model_config, dtype=jnp.dtype(config.dtype))
         policy_sh = functional.param_shardings(abstract_policy, mesh)
         self.policy = policy_sh
-        self.trainable = {"policy": policy_sh}
-        abstract_trainable = {"policy": abstract_policy}
+        if self.lora is None:
+            self.trainable = {"policy": policy_sh}
+            abstract_trainable = {"policy": abstract_policy}
+        else:  # adapters are small: replicated on the mesh, float32 whatever the base's dtype
+            abstract_adapters = jax.eval_shape(functools.partial(init_adapters, model_config, self.lora, seed=0))
+            self.trainable = {"adapters": jax.tree.map(lambda _: self.replicated, abstract_adapters)}
+            abstract_trainable = {"adapters": abstract_adapters}
         if self.has_critic:
             head_sh = {"kernel": self.replicated, "bias": self.replicated}
             self.trainable["critic"] = {"backbone": policy_sh, "head": head_sh}
             abstract_trainable["critic"] = {"backbone": abstract_policy, "head": self.abstract_value_head()}
-        self.reference = policy_sh if self.has_reference else None
-        # The float32 copy the optimizer updates (None without master weights); sharded like the parameters.
-        self.master = self.trainable if config.fp32_master_weights else None
+        # A full agent keeps a reference copy (has_reference); a LoRA agent's reference is its base.
+        self.reference = policy_sh if self.has_reference and self.lora is None else None
+        self.frozen = policy_sh if self.lora is not None or self.has_reference else None
+        # The float32 copy the optimizer updates (None without master weights, and for float32 adapters).
+        self.master = self.trainable if config.fp32_master_weights and self.lora is None else None
         abstract_updated = abstract_trainable  # what the optimizer updates (its state has this dtype)
-        if config.fp32_master_weights:
+        if self.master is not None:
             abstract_updated = jax.tree.map(lambda s: jax.ShapeDtypeStruct(s.shape, jnp.float32), abstract_trainable)
         abstract_opt = jax.eval_shape(self.tx.init, abstract_updated)
         self.opt = _shardings_like_params(abstract_opt, jax.tree.structure(abstract_trainable),
                                           self.trainable, self.replicated)
-        abstract_ref = abstract_policy if self.has_reference else None
+        abstract_frozen = abstract_policy if self.frozen is not None else None
         batch = abstract_micro_batch(config.pass_rows, config.max_len)
-        self.metric_names = sorted(jax.eval_shape(self.loss_and_metrics, abstract_trainable, abstract_ref,
+        self.metric_names = sorted(jax.eval_shape(self.loss_and_metrics, abstract_trainable, abstract_frozen,
                                                   batch)[1])
         self.accum = {"grads": self.trainable, "metrics": {n: self.replicated for n in self.metric_names}}
         self._jit_all()
@@ -117,6 +135,22 @@ class TrainSteps:
     def token_logprobs(self, params, batch: MicroBatch) -> jax.Array:
         """[B, T] float32 log-prob of ``batch.targets`` under ``params``."""
         return functional.token_logprobs(self.logits(params, batch), batch.targets)
+
+    def policy_logits(self, trainable, frozen, batch: MicroBatch) -> jax.Array:
+        """[B, T, V] logits of the agent's policy: its params, or for a LoRA agent its base (`frozen`) with the
+        adapter on every row."""
+        if self.lora is None:
+            return self.logits(trainable["policy"], batch)
+        adapters = stack_adapters([trainable["adapters"]], [self.lora])
+        return functional.forward(self.graphdef, frozen, batch.tokens, batch.positions, batch.attention_mask,
+                                  remat=self.config.remat, adapters=adapters)
+
+    def policy_params(self, trainable, frozen):
+        """The policy as one parameter tree: a LoRA agent's base with its adapter merged (what a full-model
+        engine or export takes)."""
+        if self.lora is None:
+            return trainable["policy"]
+        return merge_adapter(frozen, trainable["adapters"], self.lora)
 
     def sampling_logprobs(self, logits, targets) -> jax.Array:
         """[B, T] float32 log-prob of ``targets`` under the distribution the agent's rollouts sample from."""
@@ -138,8 +172,8 @@ class TrainSteps:
                                     batch.attention_mask, remat=self.config.remat)
         return logits.astype(jnp.float32) @ critic["head"]["kernel"] + critic["head"]["bias"]
 
-    def loss_and_metrics(self, trainable, reference, batch: MicroBatch):
-        logits = self.logits(trainable["policy"], batch)
+    def loss_and_metrics(self, trainable, frozen, batch: MicroBatch):
+        logits = self.policy_logits(trainable, frozen, batch)
         logprobs = functional.token_logprobs(logits, batch.targets)
         if self.config.old_logprobs_in_step:
             # Only the truncated IS weight reads the sampling log-probs; without it they would be a wasted pass.
@@ -147,8 +181,8 @@ class TrainSteps:
             old_sampling = self.sampling_logprobs(logits, batch.targets) if needs_sampling else logprobs
             batch = batch.replace(old_logprobs=jax.lax.stop_gradient(logprobs),
                                   old_sampling_logprobs=jax.lax.stop_gradient(old_sampling))
-        if reference is not None:
-            batch = batch.replace(ref_logprobs=jax.lax.stop_gradient(self.token_logprobs(reference, batch)))
+        if self.has_reference:  # the frozen reference copy, or a LoRA agent's base
+            batch = batch.replace(ref_logprobs=jax.lax.stop_gradient(self.token_logprobs(frozen, batch)))
         values = self.critic_values(trainable["critic"], batch) if "critic" in trainable else None
         return self.loss_fn(logprobs, values, batch, self.config.loss)
 
@@ -156,8 +190,8 @@ class TrainSteps:
         return {"grads": jax.tree.map(lambda p: jnp.zeros(p.shape, jnp.float32), trainable),
                 "metrics": {name: jnp.zeros((), jnp.float32) for name in self.metric_names}}
 
-    def accumulate(self, trainable, reference, accum, batch):
-        grads, metrics = jax.grad(self.loss_and_metrics, has_aux=True)(trainable, reference, batch)
+    def accumulate(self, trainable, frozen, accum, batch):
+        grads, metrics = jax.grad(self.loss_and_metrics, has_aux=True)(trainable, frozen, batch)
         return {"grads": _sum_tree(accum["grads"], grads), "metrics": accumulate_metrics(accum["metrics"], metrics)}
 
     def apply(self, trainable, master, opt_state, accum):
@@ -185,23 +219,31 @@ class TrainSteps:
                                   in_shardings=(trainable,), out_shardings=trainable)
         self.zeros_step = jax.jit(self.zeros, in_shardings=(trainable,), out_shardings=accum)
         self.accumulate_step = jax.jit(
-            self.accumulate, in_shardings=(trainable, self.reference, accum, self.batch),
+            self.accumulate, in_shardings=(trainable, self.frozen, accum, self.batch),
             out_shardings=accum, donate_argnums=(2,))
         donate = (0, 1, 2, 3) if self.config.donate_params else (1, 2, 3)
         self.apply_step = jax.jit(self.apply, in_shardings=(trainable, self.master, opt, accum),
                                   out_shardings=(trainable, self.master, opt, accum, self.replicated),
                                   donate_argnums=donate)
-        self.logprobs_step = jax.jit(self.token_logprobs, in_shardings=(self.policy, self.batch),
-                                     out_shardings=self.batch)
+        self.logprobs_step = jax.jit(
+            lambda trainable, frozen, batch: functional.token_logprobs(
+                self.policy_logits(trainable, frozen, batch), batch.targets),
+            in_shardings=(trainable, self.frozen, self.batch), out_shardings=self.batch)
         self.sampling_logprobs_step = jax.jit(
-            lambda params, batch: self.sampling_logprobs(self.logits(params, batch), batch.targets),
-            in_shardings=(self.policy, self.batch), out_shardings=self.batch)
+            lambda trainable, frozen, batch: self.sampling_logprobs(self.policy_logits(trainable, frozen, batch),
+                                                                   batch.targets),
+            in_shardings=(trainable, self.frozen, self.batch), out_shardings=self.batch)
+        self.reference_logprobs_step = jax.jit(self.token_logprobs, in_shardings=(self.policy, self.batch),
+                                               out_shardings=self.batch)
+        self.policy_params_step = jax.jit(self.policy_params, in_shardings=(trainable, self.frozen),
+                                          out_shardings=self.policy)
         if self.has_critic:
             self.values_step = jax.jit(self.critic_values, in_shardings=(trainable["critic"], self.batch),
                                        out_shardings=self.batch)
         if self.waits_for_completion:  # each step ends on every local device first (distributed/cpu_completion.py)
             for name in ("copy_policy", "init_opt", "to_float32", "zeros_step", "accumulate_step", "apply_step",
-                         "logprobs_step", "sampling_logprobs_step", "values_step"):
+                         "logprobs_step", "sampling_logprobs_step", "reference_logprobs_step",
+                         "policy_params_step", "values_step"):
                 if hasattr(self, name):
                     setattr(self, name, completed(getattr(self, name)))
 

@@ -19,12 +19,19 @@ Precision (`TrainerConfig.dtype`, `fp32_master_weights`): parameters and compute
 gradients are accumulated in float32 either way. With bfloat16 and master weights the optimizer state and a
 float32 copy of the parameters are updated in float32 and the bfloat16 parameters are their cast; without,
 the update is computed in float32 and stored in bfloat16 (updates below bfloat16's resolution are lost).
+
+LoRA (`TrainerConfig.lora` with rank > 0): the trainer keeps the initial parameters as a frozen base and
+trains a float32 adapter on it (models/lora.py); gradients, optimizer state and checkpoints cover the adapter
+only (the base is the agent's `model`, loaded again on resume). `params` is the base with the adapter merged,
+which is what a full-model rollout engine takes.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import functools
 import logging
+from collections.abc import Mapping
 from typing import Any
 
 import jax
@@ -35,6 +42,7 @@ from jax.sharding import Mesh
 from flexmarl_jax.mesh.meshes import make_mesh
 from flexmarl_jax.models import functional
 from flexmarl_jax.models.config import ModelConfig
+from flexmarl_jax.models.lora import init_adapters
 from flexmarl_jax.train.batch import ARRAY_FIELDS, MicroBatch, validate_micro_batch
 from flexmarl_jax.train.optim import OptimizerConfig
 from flexmarl_jax.train.steps import steps_for
@@ -68,11 +76,16 @@ class AgentTrainer:
     model_config: this agent's model (agents may differ in model, optimizer and learning rate).
     mesh: the agent's training mesh with axes ("fsdp", "tp"); default one device.
     initial: optional (graphdef, params) to start from (e.g. imported HF weights); else random init.
+    seed: the random init's seed, or a LoRA agent's adapter init seed.
+    base_record: a LoRA agent's base as its checkpoints record it (`ModelSource.base_record`: the directory and
+        its digest, or the preset and its init seed), so that export and serving rebuild the policy from them.
     """
 
     def __init__(self, agent: str, model_config: ModelConfig, config: TrainerConfig, *,
-                 mesh: Mesh | None = None, seed: int = 0, initial: tuple[Any, Any] | None = None):
+                 mesh: Mesh | None = None, seed: int = 0, initial: tuple[Any, Any] | None = None,
+                 base_record: Mapping[str, Any] | None = None):
         self.agent = agent
+        self.base_record = dict(base_record or {})
         self.model_config = model_config
         self.config = config
         self.mesh = mesh if mesh is not None else make_mesh(jax.devices()[:1], fsdp=1)
@@ -89,6 +102,15 @@ class AgentTrainer:
         self.graphdef = graphdef
         self._steps = steps = steps_for(graphdef, model_config, config, self.mesh)
         policy = across_processes.put(policy, steps.policy)
+        self._base = None
+        if steps.lora is not None:
+            self._base = _cast_params(policy, dtype)
+            adapters = init_adapters(model_config, steps.lora, seed=seed)
+            self._trainable = {"adapters": across_processes.put(adapters, steps.trainable["adapters"])}
+            self._master = self._reference = None
+            self._opt_state = steps.init_opt(self._trainable)
+            self._accum = steps.zeros_step(self._trainable)
+            return
         trainable = {"policy": policy}
         if steps.has_critic:
             # The critic starts as a copy of the policy network with a zero value head (values 0).
@@ -108,9 +130,23 @@ class AgentTrainer:
 
     @property
     def params(self):
-        """The policy parameters (nnx.State, sharded on this trainer's mesh) for weight sync."""
+        """The policy parameters (nnx.State, sharded on this trainer's mesh) for weight sync; for a LoRA agent
+        its base with the adapter merged (a new tree each call)."""
         self._check_attached()
+        if self._base is not None:
+            return self._steps.policy_params_step(self._trainable, self._base)
         return self._trainable["policy"]
+
+    @property
+    def adapters(self):
+        """A LoRA agent's adapter ({target: {"a", "b"}}, float32); None for a full fine-tune."""
+        self._check_attached()
+        return None if self._base is None else self._trainable["adapters"]
+
+    @property
+    def _frozen(self):
+        """What the steps take beside the trainable tree: the base (LoRA) or the reference copy (or None)."""
+        return self._base if self._base is not None else self._reference
 
     @property
     def pending_micro_batches(self) -> int:
@@ -150,7 +186,7 @@ class AgentTrainer:
         """
         self._check_attached()
         for placed in self._place_passes(batch):
-            self._accum = self._steps.accumulate_step(self._trainable, self._reference, self._accum, placed)
+            self._accum = self._steps.accumulate_step(self._trainable, self._frozen, self._accum, placed)
         self._pending_micro_batches += 1
 
     def apply(self, *, allow_empty: bool = False) -> dict[str, float]:
@@ -216,20 +252,20 @@ class AgentTrainer:
         top-p: what the truncated IS weight compares with behaviour log-probs), ``which="reference"`` the frozen
         reference (only when the KL is on).
         """
-        passes = self._place_passes(batch)
-        step = self._steps.logprobs_step
+        self._check_attached()
+        steps, frozen = self._steps, self._frozen
         if which == "policy":
-            params = self._trainable["policy"]
+            step = functools.partial(steps.logprobs_step, self._trainable, frozen)
         elif which == "sampling":
-            params, step = self._trainable["policy"], self._steps.sampling_logprobs_step
+            step = functools.partial(steps.sampling_logprobs_step, self._trainable, frozen)
         elif which == "reference":
-            if self._reference is None:
+            if not steps.has_reference:
                 raise ValueError(f"agent {self.agent!r} keeps no reference model (kl_coef=0 or "
                                  "reference_in_step=False)")
-            params = self._reference
+            step = functools.partial(steps.reference_logprobs_step, frozen)  # a LoRA agent's base is its reference
         else:
             raise ValueError(f"which={which!r}; allowed: 'policy', 'sampling', 'reference'")
-        return np.concatenate([np.asarray(step(params, placed)) for placed in passes])
+        return np.concatenate([np.asarray(step(placed)) for placed in self._place_passes(batch)])
 
     def values(self, batch: MicroBatch) -> np.ndarray:
         """[micro_batch_size, max_len] float32 critic values (PPO only), for GAE before the iteration."""
@@ -291,9 +327,11 @@ class AgentTrainer:
                  "pending_micro_batches": self._pending_micro_batches, "policy_version": self.policy_version}
         if self._master is not None:
             state["master"] = self._master
-        if self._steps.has_reference:
+        if self._steps.reference is not None:
             state["reference"] = self._reference
-        self._trainable = self._opt_state = self._accum = self._reference = self._master = None
+        if self._base is not None:
+            state["base"] = self._base
+        self._trainable = self._opt_state = self._accum = self._reference = self._master = self._base = None
         self._detached = True
         return state
 
@@ -304,8 +342,10 @@ class AgentTrainer:
                      "pending_micro_batches": None, "policy_version": None}
         if steps.master is not None:
             shardings["master"] = steps.master
-        if steps.has_reference:
-            shardings["reference"] = steps.policy
+        if steps.reference is not None:
+            shardings["reference"] = steps.reference
+        if steps.lora is not None:
+            shardings["base"] = steps.policy
         return shardings
 
     def load_swap_state(self, state: dict, *, mesh: Mesh | None = None) -> None:
@@ -316,6 +356,7 @@ class AgentTrainer:
         self._trainable, self._opt_state, self._accum = state["trainable"], state["opt_state"], state["accum"]
         self._reference = state.get("reference")
         self._master = state.get("master")
+        self._base = state.get("base")
         self._pending_micro_batches = int(state["pending_micro_batches"])
         self.policy_version = int(state["policy_version"])
         self._detached = False

@@ -11,6 +11,7 @@ from __future__ import annotations
 import dataclasses
 
 from flexmarl_jax.models.dtypes import PARAM_DTYPES, master_weights_problem
+from flexmarl_jax.models.lora import LoraSpec
 from flexmarl_jax.train.batch import length_buckets
 from flexmarl_jax.train.losses import LossConfig
 from flexmarl_jax.train.optim import OptimizerConfig
@@ -49,6 +50,9 @@ class TrainerConfig:
     # this many rows whose gradients add up in the accumulator, so peak activation memory (the float32
     # logits over a 150k vocabulary above all) follows this, not the micro-batch the pipeline claims.
     rows_per_pass: int
+    # rank 0: train the whole model; else a LoRA adapter (float32) on the frozen base parameters, which are
+    # `dtype` (train/steps.py)
+    lora: LoraSpec
 
     def __post_init__(self):
         if self.micro_batch_size < 1 or self.max_len < 2:
