@@ -446,7 +446,7 @@ class FlexEngine(EngineShapeFromConfig, engine_api.Engine):
         logits, cache = functional.decode_step(self.graphdef, params, tokens, write_positions, state.cache)
         generated = head.generated + 1
         valid = head.positions < self.config.cache_length
-        result = LogProbResultTokens.pack(tokens, logprobs, generated, valid)
+        result = LogProbResultTokens.pack(tokens, logprobs, generated, valid, *self._raw_logprobs(head, tokens))
 
         def put(full, part):
             return part if live == slots else full.at[:live].set(part.astype(full.dtype))
@@ -460,6 +460,18 @@ class FlexEngine(EngineShapeFromConfig, engine_api.Engine):
         # Rows past the bucket report nothing (valid 0).
         return new_state, result.replace(data=put(jnp.zeros((slots,) + result.data.shape[1:], result.data.dtype),
                                                    result.data))
+
+    def _raw_logprobs(self, head: DecodeState, tokens: jax.Array) -> tuple[jax.Array, ...]:
+        """(raw log-prob of each drawn token [live], top ids [live, K], their raw log-probs [live, K]) under the
+        model's own distribution, before temperature and top-k/top-p (what an OpenAI client's `logprobs` means);
+        nothing when the config reports none (`top_logprobs` = 0), so training rollouts pay nothing for it."""
+        top = self.config.top_logprobs
+        if top == 0:
+            return ()
+        raw = jax.nn.log_softmax(head.next_logits, axis=-1)
+        drawn = jnp.take_along_axis(raw, tokens[:, None], axis=-1)[:, 0]
+        top_logprobs, top_ids = jax.lax.top_k(raw, top)
+        return drawn, top_ids, top_logprobs
 
     def _move_impl(self, state: DecodeState, sources, destinations) -> DecodeState:
         count = jnp.sum(sources < self.max_concurrent_decodes)

@@ -17,7 +17,8 @@ Like MaxText's offline engine, it calls `prefill` / `insert` / `generate` direct
 A sequence finishes on a stop token (kept in the output with its log-prob, finish
 reason "stop"), on a stop string or a match of the stop pattern, or after `max_new_tokens` ("length"). A request
 completes when all of its samples have; its `on_done` callback then receives one
-`SequenceResult` per sample, in sample order.
+`SequenceResult` per sample, in sample order. A request with `on_tokens` also hears of every token as its step's
+results are processed (one `TokenEvent` per sample and step), which is what streaming needs.
 """
 
 from __future__ import annotations
@@ -45,10 +46,12 @@ class RolloutRequest:
     """`num_samples` continuations of one tokenised prompt.
 
     prompt_ids: token ids (BOS included if wanted). stop_token_ids: extra ids that end a
-    sequence besides the tokenizer's EOS. stop_strings: end once the decoded response ends
-    with one of them (needs the loop's tokenizer). stop_pattern: a regex; end once the decoded
-    last STOP_PATTERN_TOKENS tokens hold a match ('' = none). ignore_eos: only max_new_tokens (and
-    the explicit stops) end a sequence, for fixed-length benchmarks.
+    sequence besides the tokenizer's EOS. stop_strings: end at the token that completes the first
+    occurrence of one of them in the decoded response, also one that ends inside that token (needs the loop's
+    tokenizer; the tokens are kept whole, cutting the text is the caller's). stop_pattern: a regex; end once the
+    decoded last STOP_PATTERN_TOKENS tokens hold a match ('' = none). ignore_eos: only max_new_tokens (and
+    the explicit stops) end a sequence, for fixed-length benchmarks. on_tokens: called with a `TokenEvent`
+    per sample each step that gave it tokens (deferred like on_done under `defer_callbacks`).
     """
 
     prompt_ids: tuple[int, ...]
@@ -61,6 +64,7 @@ class RolloutRequest:
     ignore_eos: bool = False  # benchmarks: always generate max_new_tokens
     on_done: Callable[[list[SequenceResult]], None] | None = None
     on_error: Callable[[BaseException], None] | None = None
+    on_tokens: Callable[[TokenEvent], None] | None = None
 
     def __post_init__(self) -> None:
         if len(self.prompt_ids) == 0:
@@ -86,6 +90,23 @@ class SequenceResult:
     finish_reason: str
     policy_version: int
     sample_index: int
+
+
+@dataclasses.dataclass(frozen=True)
+class TokenEvent:
+    """The tokens one sample got in one step, for a request's `on_tokens`.
+
+    logprobs: their behaviour log-probs. raw_logprobs / top: the model's own log-softmax of each token and its
+    most likely alternatives ((id, log-prob) pairs, most likely first), when the engine reports them
+    (`EngineConfig.top_logprobs` > 0), else empty. finish_reason: set on the sample's last event.
+    """
+
+    sample_index: int
+    token_ids: tuple[int, ...]
+    logprobs: tuple[float, ...]
+    raw_logprobs: tuple[float, ...]
+    top: tuple[tuple[tuple[int, float], ...], ...]
+    finish_reason: str | None
 
 
 @dataclasses.dataclass(eq=False)
@@ -116,6 +137,7 @@ class _Work:
     prefix_row: int = 0  # this prompt's row in `prefix`
     prefix_version: int = -1
     cancelled: bool = False
+    pending_done: list | None = None  # every sample's result, until on_done is delivered
 
 
 class RolloutLoop:
@@ -393,10 +415,35 @@ class RolloutLoop:
             if sequence is None or sequence.finish_reason is not None or self._slots[slot] is not sequence:
                 continue
             count = int(emitted[slot])
+            before = len(sequence.token_ids)
             if count == 1:
                 self._take(sequence, int(tokens[slot, 0]), float(logprobs[slot, 0]), eos_ids)
             elif count > 1:
                 self._take_several(sequence, tokens[slot, :count], logprobs[slot, :count], eos_ids)
+            work = sequence.work
+            if work.request.on_tokens is not None and len(sequence.token_ids) > before:
+                self._tell_tokens(sequence, before, data, slot)
+            if work.pending_done is not None:  # the request's last sample finished: after its last tokens' event
+                self._deliver(work.request.on_done, work.pending_done)
+                work.pending_done = None
+
+    def _tell_tokens(self, sequence: _Sequence, before: int, data: Any, slot: int) -> None:
+        """Hands the sample's tokens from `before` on to its request's on_tokens (deferred like on_done)."""
+        raw: tuple[float, ...] = ()
+        top: tuple[tuple[tuple[int, float], ...], ...] = ()
+        if getattr(data, "has_raw_logprobs", False):  # one token per step on an engine that reports them
+            top_ids, top_logprobs = data.top()
+            raw = (float(data.raw_logprobs()[slot]),)
+            top = (tuple(zip(top_ids[slot].tolist(), top_logprobs[slot].tolist(), strict=True)),)
+        event = TokenEvent(sequence.sample_index, tuple(sequence.token_ids[before:]),
+                           tuple(sequence.logprobs[before:]), raw, top, sequence.finish_reason)
+        self._deliver(sequence.work.request.on_tokens, event)
+
+    def _deliver(self, callback: Callable, argument: Any) -> None:
+        if self.defer_callbacks:
+            self._deliveries.append((callback, argument))
+        else:
+            callback(argument)
 
     def _take(self, sequence: _Sequence, token: int, logprob: float, eos_ids: frozenset) -> None:
         """Appends one token to `sequence` and finishes it on a stop or at its token budget."""
@@ -444,15 +491,17 @@ class RolloutLoop:
         if not stops:
             return False
         # Decode only the response's tail, but a tail of text rather than of tokens (some ids decode to ""):
-        # the window doubles until it holds the longest stop string plus a margin for the tokenizer's
-        # decoding of its first few characters, or the whole response. Per token this costs O(stop length),
-        # not O(response length).
-        needed = max(len(s) for s in stops) + 8
-        tokens, window = sequence.token_ids, 8
+        # the window doubles until it holds the longest stop string and the newest token's text, plus a margin
+        # for the tokenizer's decoding of its first few characters, or the whole response. A match anywhere in
+        # it ends the sequence: the check runs after every token, so a match is new, and it may end inside the
+        # newest token (OpenAI's stop semantics). Per token this costs O(stop length), not O(response length).
+        tokens = sequence.token_ids
+        needed = max(len(s) for s in stops) + len(self.tokenizer.decode(tokens[-1:])) + 8
+        window = 8
         while True:
             text = self.tokenizer.decode(tokens[-window:])
             if len(text) >= needed or window >= len(tokens):
-                return any(text.endswith(s) for s in stops)
+                return any(s in text for s in stops)
             window *= 2
 
     def _finish(self, sequence: _Sequence, reason: str) -> None:
@@ -467,15 +516,13 @@ class RolloutLoop:
             policy_version=sequence.policy_version,
             sample_index=sequence.sample_index,
         )
-        if len(work.results) == work.request.num_samples:
+        if len(work.results) == work.request.num_samples and work.request.on_done is not None:
+            # Deferred after this step's token events of the sequence (`_process` tells them once `_take` returns).
             results = [work.results[i] for i in range(work.request.num_samples)]
-            if work.request.on_done is not None:
-                if self.defer_callbacks:
-                    self._deliveries.append((work.request.on_done, results))
-                else:
-                    work.request.on_done(results)
+            work.pending_done = results
 
-    def take_deliveries(self) -> list[tuple[Callable, list[SequenceResult]]]:
-        """Deferred (on_done, results) pairs, oldest first; the caller runs them."""
+    def take_deliveries(self) -> list[tuple[Callable, Any]]:
+        """Deferred (callback, argument) pairs, oldest first: token events and (on_done, results); the caller
+        runs them."""
         deliveries, self._deliveries = self._deliveries, []
         return deliveries

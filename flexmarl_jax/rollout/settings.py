@@ -52,6 +52,10 @@ def validate_sampling(
         raise ValueError(f"{field}.max_new_tokens={max_new_tokens!r} must be an int >= 1")
 
 
+# The most raw top log-probs a served request may ask for per token (OpenAI's `top_logprobs` allows 0..20).
+MAX_TOP_LOGPROBS = 20
+
+
 def default_prefill_buckets(max_prefill_length: int, smallest: int = 16) -> tuple[int, ...]:
     """Powers of two from `smallest` up to (and always ending at) `max_prefill_length`."""
     buckets = []
@@ -80,6 +84,11 @@ class EngineConfig:
     prefill_batch_sizes:    how many prompts of one bucket the in-process loop may prefill in
                             one call (ascending, starting at 1); each size is one more compile
                             per bucket. The JetStream API path always prefills one prompt.
+    top_logprobs:           how many of the most likely tokens' raw log-probs (the model's log-softmax,
+                            before temperature and top-k/top-p) each generate step reports per slot, with
+                            the raw log-prob of the token drawn; 0 reports none (rollouts for training need
+                            only the behaviour log-prob). The OpenAI-compatible server asks for
+                            MAX_TOP_LOGPROBS.
     """
 
     max_concurrent_decodes: int
@@ -88,6 +97,7 @@ class EngineConfig:
     prefill_buckets: tuple[int, ...] | None
     truncate_long_prompts: bool
     prefill_batch_sizes: tuple[int, ...]
+    top_logprobs: int
 
     def __post_init__(self) -> None:
         for name in ("max_concurrent_decodes", "max_prefill_length", "max_decode_length"):
@@ -118,6 +128,8 @@ class EngineConfig:
             or list(sizes) != sorted(set(sizes))
         ):
             raise ValueError(f"rollout.prefill_batch_sizes={sizes!r} must be strictly increasing ints starting at 1")
+        if isinstance(self.top_logprobs, bool) or not isinstance(self.top_logprobs, int) or self.top_logprobs < 0:
+            raise ValueError(f"top_logprobs={self.top_logprobs!r} must be an int >= 0")
 
     @property
     def cache_length(self) -> int:
@@ -145,4 +157,5 @@ def engine_config_for(config: RunConfig, agent: str) -> EngineConfig:
     return EngineConfig(max_concurrent_decodes=config.agents[agent].decode_slots or config.rollout.decode_slots,
                         max_prefill_length=config.rollout.max_prompt_length,
                         max_decode_length=config.rollout.max_response_length,
-                        prefill_buckets=None, truncate_long_prompts=False, prefill_batch_sizes=(1,))
+                        prefill_buckets=None, truncate_long_prompts=False, prefill_batch_sizes=(1,),
+                        top_logprobs=0)

@@ -51,7 +51,8 @@ config = get_preset("tiny")
 graphdef, params = functional.init_params(config, seed=0)
 engine = FlexEngine(config, graphdef, EngineConfig(max_concurrent_decodes=4, max_prefill_length=16,
                                                    max_decode_length=12, prefill_buckets=None,
-                                                   truncate_long_prompts=False, prefill_batch_sizes=(1,)),
+                                                   truncate_long_prompts=False, prefill_batch_sizes=(1,),
+                                                   top_logprobs=0),
                     CharTokenizer())
 requests = [RolloutRequest(tuple(CharTokenizer().encode(text)), num_samples=2, max_new_tokens=12, ignore_eos=True,
                            sampling=SlotSampling(temperature=temperature, seed=7))
