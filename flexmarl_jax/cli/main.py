@@ -34,7 +34,8 @@ COMMANDS_HELP = """commands:
             GGUF_FILE OUT_DIR [--dtype float32|bfloat16] [--force]
   export    write a trained agent as a Hugging Face model directory: WORKDIR --agent NAME --out DIR [--version V]
             [--format merged|peft]
-  serve     serve a run's agents over JetStream's gRPC API: WORKDIR [--agent NAME] [--version V] [--host H] [--port P]
+  serve     serve a run's agents: WORKDIR [--api jetstream|openai] [--agent NAME] [--version V] [--host H] [--port P]
+            [--slots N] [--api-key KEY] (jetstream: gRPC, greedy; openai: the OpenAI HTTP API, with sampling)
   chat      ask one agent (--agent NAME) or the whole team (--team) of a run questions, interactively
 """
 
@@ -198,14 +199,22 @@ def cmd_import_gguf(argv: list[str]) -> int:
 def cmd_serve(argv: list[str]) -> int:
     parser = argparse.ArgumentParser(
         prog="flexmarl serve",
-        description="Serve one agent of a run, or every agent on its own port (--port, --port + 1, ...), with "
-                    "JetStream's Driver and gRPC service (Orchestrator: Decode, HealthCheck); greedy decoding. "
-                    "SIGINT or SIGTERM cancels the streams in flight and stops the server.")
+        description="Serve a run's agents. --api jetstream (default): one agent, or every agent on its own port "
+                    "(--port, --port + 1, ...), with JetStream's Driver and gRPC service (Orchestrator: Decode, "
+                    "HealthCheck), greedy decoding. --api openai: every agent as a model of one OpenAI-compatible "
+                    "HTTP server (/v1/models, /v1/chat/completions, /v1/completions; sampling, n, stop, seed, "
+                    "logprobs, streaming). SIGINT or SIGTERM cancels the streams in flight and stops the server.")
     _add_saved_run_arguments(parser, "serve")
-    parser.add_argument("--agent", default=None, help="the agent to serve (default: every agent of the run)")
+    parser.add_argument("--api", choices=("jetstream", "openai"), default="jetstream",
+                        help="jetstream: gRPC (default); openai: the OpenAI HTTP API")
+    parser.add_argument("--agent", action="append", default=None,
+                        help="an agent to serve (repeatable; default: every agent of the run)")
     parser.add_argument("--host", default="127.0.0.1", help="the address to listen on (default: 127.0.0.1)")
-    parser.add_argument("--port", type=int, default=9000,
-                        help="the first agent's gRPC port (default 9000; 0: any free port, printed)")
+    parser.add_argument("--port", type=int, default=None,
+                        help="jetstream: the first agent's gRPC port (default 9000); openai: the HTTP port "
+                             "(default 8000); 0: any free port, printed")
+    parser.add_argument("--api-key", default=None,
+                        help="openai: answer 401 to requests without 'Authorization: Bearer KEY'")
     parser.add_argument("--metrics-port", type=int, default=0,
                         help="serve JetStream's Prometheus metrics on this port of --host (default 0: no metrics)")
     parser.add_argument("--slots", type=int, default=0,
@@ -213,13 +222,23 @@ def cmd_serve(argv: list[str]) -> int:
     parser.add_argument("--max-new-tokens", type=int, default=0,
                         help="the largest max_tokens a request may ask for (default 0: rollout.max_response_length)")
     args = parser.parse_args(argv)
+    if args.port is None:
+        args.port = 8000 if args.api == "openai" else 9000
     for flag, value in (("--port", args.port), ("--metrics-port", args.metrics_port)):
         if not 0 <= value <= 65535:
             print(f"flexmarl serve: {flag} {value} must be in [0, 65535]", file=sys.stderr)
             return 2
+    if args.api == "jetstream" and args.agent is not None and len(args.agent) > 1:
+        print("flexmarl serve: --agent once with --api jetstream (without it every agent is served)", file=sys.stderr)
+        return 2
+    if args.api == "jetstream" and args.api_key is not None:
+        print("flexmarl serve: --api-key is for --api openai", file=sys.stderr)
+        return 2
     # lazy: dispatcher: serve.served_agent loads JAX (import jax costs ~1 s), which only serve and chat need
     from flexmarl_jax.serve.served_agent import ServeError
 
+    if args.api == "openai":
+        return _serve_openai(args)
     try:
         agents = _prepare_served_agents(args)
         # lazy: dispatcher: asyncio (55 ms) and serve.server, which pulls JetStream and TensorFlow (5.2 s)
@@ -238,6 +257,26 @@ def cmd_serve(argv: list[str]) -> int:
     return 0
 
 
+def _serve_openai(args) -> int:
+    # lazy: dispatcher: asyncio (55 ms), uvicorn and the engines (JAX, ~1 s), which only this server needs
+    import asyncio
+
+    from flexmarl_jax.serve.openai_server import load_served_models, serve_openai
+    from flexmarl_jax.serve.served_agent import ServeError
+
+    def announce(line: str) -> None:
+        print(f"flexmarl serve: {line}", flush=True)
+
+    try:
+        models = load_served_models(args.workdir, args.agent, version=args.version, slots=args.slots,
+                                    max_new_tokens=args.max_new_tokens, announce=announce)
+        asyncio.run(serve_openai(models, host=args.host, port=args.port, api_key=args.api_key, announce=announce))
+    except ServeError as error:
+        print(f"flexmarl serve: {error}", file=sys.stderr)
+        return 2
+    return 0
+
+
 def _prepare_served_agents(args) -> list:
     """Loads, places and compiles each agent to serve (agent i on device i mod the device count)."""
     # lazy: dispatcher: serving loads JAX (import jax costs ~1 s) and JetStream/TensorFlow (5.2 s)
@@ -248,7 +287,7 @@ def _prepare_served_agents(args) -> list:
     from flexmarl_jax.serve.server import PreparedAgent
 
     run = read_run(args.workdir)
-    names = [args.agent] if args.agent is not None else list(team_agents(run.workflow))
+    names = list(args.agent) if args.agent is not None else list(team_agents(run.workflow))
     devices = jax.devices()
     prepared = []
     for index, name in enumerate(names):

@@ -26,6 +26,28 @@ def trained_run(tmp_path_factory) -> str:
     return workdir
 
 
+@pytest.fixture(scope="session")
+def chat_run(tmp_path_factory) -> str:
+    """A one-iteration run of the chain team on the synthetic BPE chat checkpoint (a Qwen2 byte-level BPE
+    tokenizer and a ChatML template; models/synthetic.py), for the OpenAI API tests."""
+    from flexmarl_jax.cli.main import main
+    from flexmarl_jax.configs.gsm8k_chain import SMOKE_DATA
+    from flexmarl_jax.models.fixture_cache import synthetic_checkpoint
+
+    checkpoint = synthetic_checkpoint("qwen2", size="smoke")
+    workdir = str(tmp_path_factory.mktemp("openai") / "run")
+    assert main(["train", "--config=flexmarl_jax.configs.tiny:smoke", f"--workdir={workdir}",
+                 *(f"--config.agents.{agent}.model={checkpoint}" for agent in ("solver", "verifier", "corrector")),
+                 "--config.iterations=1", "--config.workflow.queries_per_iteration=2",
+                 "--config.workflow.samples_per_query=2", "--config.workflow.warmup_steps=0",
+                 "--config.train.micro_batch_size=4",
+                 "--config.rollout.max_prompt_length=192", "--config.rollout.max_response_length=24",
+                 "--config.rollout.decode_slots=4", f"--config.workflow.task={SMOKE_DATA}",
+                 "--config.workflow.task_options.jsonl.verifier=math", "--config.eval.problems=1",
+                 "--config.eval.samples=0", "--config.eval.every=1"]) == 0
+    return workdir
+
+
 def free_port() -> int:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
         probe.bind(("127.0.0.1", 0))
