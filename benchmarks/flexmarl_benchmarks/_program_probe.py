@@ -90,7 +90,7 @@ def probe_programs(config: Any, chip: Chip, *, train_calls: int = 10) -> Program
     best = min(request_seconds() for _ in range(_REPEATS))
     # One prefill call and `steps` decode calls, each costing its roofline plus the overhead o on this host:
     # best = prefill roofline + steps x decode roofline + (steps + 1) x o.
-    roofline = CostModel(model, dataclasses.replace(chip, call_overhead_s=0.0))
+    roofline = CostModel(model, dataclasses.replace(chip, call_overhead_s=0.0), mfu=config.pipeline.emulate_mfu)
     rooflines = roofline.prefill_s(1, prompt) + sum(roofline.decode_step_s(slots, prompt + k) for k in range(steps))
     decode_overhead = max(0.0, (best - rooflines) / (steps + 1))
 

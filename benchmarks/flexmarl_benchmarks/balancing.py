@@ -32,6 +32,7 @@ import time
 from typing import Any
 
 from flexmarl_benchmarks._output import write_json
+from flexmarl_benchmarks._views import balancer_settings, router_settings
 from flexmarl_benchmarks._views import engine_config as default_engine_config
 from flexmarl_jax.mesh.host_devices import fake_cpu_devices
 
@@ -111,10 +112,11 @@ def run_once(fleet: Fleet, requests, args: argparse.Namespace, *, balanced: bool
 
     instances = fleet.instances(pace_s)
     timeline = Timeline()
-    router = RequestRouter(instances, initial_weights=fleet.agent_params)
+    router = RequestRouter(instances, **router_settings(), initial_weights=fleet.agent_params)
     # Unbalanced runs poll too (a delta nothing reaches), so both record queue lengths at the same cost.
-    balancer = InstanceBalancer(router, delta=args.delta if balanced else 10**9, cooldown_s=args.cooldown,
-                                poll_interval_s=args.poll_interval, timeline=timeline)
+    settings = balancer_settings(delta=args.delta if balanced else 10**9, cooldown_s=args.cooldown,
+                                 poll_interval_s=args.poll_interval)
+    balancer = InstanceBalancer(router, **settings, timeline=timeline)
     everything = [i for group in instances.values() for i in group]
     for instance in everything:
         instance.start()

@@ -94,6 +94,28 @@ def emulate_link_rule(name: str) -> str | None:
     return f"is not a link; choose one of: interconnect, {', '.join(sorted(LINKS))}"
 
 
+# The `pipeline.emulate_*` rules are emulation/rules.py's, which a directly built CostModel, TimeScale and
+# EmulatedEngine check too. lazy: the emulation package costs 16 ms; `flexmarl --help` (~0.1 s) checks no config
+
+
+def emulate_mfu_rule(mfu: float) -> str | None:
+    from flexmarl_jax.emulation.rules import mfu_problem
+
+    return mfu_problem(mfu)
+
+
+def emulate_compression_rule(compression: float) -> str | None:
+    from flexmarl_jax.emulation.rules import compression_problem
+
+    return compression_problem(compression)
+
+
+def emulate_tokens_per_call_rule(tokens_per_call: int) -> str | None:
+    from flexmarl_jax.emulation.rules import tokens_per_call_problem
+
+    return tokens_per_call_problem(tokens_per_call)
+
+
 def regex_rule(pattern: str) -> str | None:
     try:
         re.compile(pattern)

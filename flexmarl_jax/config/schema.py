@@ -31,8 +31,11 @@ from flexmarl_jax.config.fields import (
 from flexmarl_jax.config.modes import PIPELINE_MODES
 from flexmarl_jax.config.rules import (
     algorithm_names,
+    emulate_compression_rule,
     emulate_link_rule,
+    emulate_mfu_rule,
     emulate_rule,
+    emulate_tokens_per_call_rule,
     model_rule,
     regex_rule,
     store_backends,
@@ -41,8 +44,17 @@ from flexmarl_jax.config.rules import (
     workflow_names,
 )
 from flexmarl_jax.models.dtypes import PARAM_DTYPES, master_weights_problem
+from flexmarl_jax.models.lora_rules import lora_alpha_problem, lora_rank_problem
 from flexmarl_jax.models.lora_targets import ALL as ALL_TARGETS
 from flexmarl_jax.models.lora_targets import TARGETS, parse_targets, targets_problem
+from flexmarl_jax.rollout.routing_rules import (
+    balance_cooldown_problem,
+    balance_delta_problem,
+    balance_poll_problem,
+    instances_to_keep_problem,
+    max_retries_problem,
+    min_instances_problem,
+)
 from flexmarl_jax.train.rules import (
     rows_per_pass_problem,
     temperature_problem,
@@ -62,8 +74,8 @@ class LoraConfig(Section):
     """An agent's LoRA adapter (`config.agents.<name>.lora`): with rank > 0 the agent trains an adapter on a
     frozen copy of its `model`, which agents of the same model share (models/lora.py)."""
 
-    rank: int = setting(0, rule=at_least_zero, help="the adapter's rank; 0 = full fine-tuning (no adapter)")
-    alpha: float = setting(16.0, rule=above_zero, help="the adapter's update is scaled by alpha / rank")
+    rank: int = setting(0, rule=lora_rank_problem, help="the adapter's rank; 0 = full fine-tuning (no adapter)")
+    alpha: float = setting(16.0, rule=lora_alpha_problem, help="the adapter's update is scaled by alpha / rank")
     targets: str = setting(ALL_TARGETS, rule=targets_problem,
                            help=f"the projections that carry an adapter, comma-separated among "
                                 f"{', '.join(TARGETS)}; {ALL_TARGETS!r} = the seven")
@@ -163,21 +175,21 @@ class RolloutConfig(Section):
     decode_slots: int = setting(32, rule=positive, help="concurrent sequences per engine instance")
     max_prompt_length: int = setting(32, rule=positive, help="prompt tokens; longer prompts are an error")
     max_response_length: int = setting(8, rule=positive, help="max new tokens per call")
-    min_instances_per_agent: int = setting(1, rule=positive,
+    min_instances_per_agent: int = setting(1, rule=min_instances_problem,
                                            help="balancing never leaves an agent with fewer instances")
     request_timeout_s: float = setting(0.0, rule=at_least_zero,
                                        help="cancel and re-queue a request running longer; 0 = no timeout")
-    max_retries: int = setting(2, rule=at_least_zero,
+    max_retries: int = setting(2, rule=max_retries_problem,
                                help="re-queues of a timed-out request before it is reported failed")
     instance_stall_s: float = setting(120.0, rule=above_zero,
                                       help="an instance holding requests that finishes no engine step for this long "
                                       "is taken out of routing and its requests go to the agent's other instances")
 
     def check(self, path: str) -> None:
-        if self.min_instances_per_agent > self.instances_per_agent:
-            raise ConfigError(f"config.{path}.min_instances_per_agent={self.min_instances_per_agent} exceeds "
-                              f"{path}.instances_per_agent={self.instances_per_agent}: an agent cannot keep "
-                              "more instances than it starts with")
+        problem = instances_to_keep_problem(self.min_instances_per_agent, self.instances_per_agent,
+                                            where=f"{path}.")
+        if problem:
+            raise ConfigError(f"config.{path}.{problem}")
 
 
 @_frozen
@@ -243,11 +255,12 @@ class PipelineConfig(Section):
                         help="pipeline mode (config/modes.py, docs/architecture.md)")
     async_micro_batches: bool = setting(True, help="flexmarl only: train micro-batches while rollout runs")
     balancing: bool = setting(True, help="flexmarl only: hierarchical load balancing across instances")
-    balance_delta: int = setting(5, rule=positive,
+    balance_delta: int = setting(5, rule=balance_delta_problem,
                                  help="move instances when max - min agent queue length exceeds this")
-    balance_cooldown_s: float = setting(1.0, rule=at_least_zero,
+    balance_cooldown_s: float = setting(1.0, rule=balance_cooldown_problem,
                                         help="a moved instance stays with its new agent at least this long")
-    balance_poll_s: float = setting(0.02, rule=above_zero, help="how often the balancer polls queue lengths")
+    balance_poll_s: float = setting(0.02, rule=balance_poll_problem,
+                                    help="how often the balancer polls queue lengths")
     debug_invariants: bool = setting(False, help="check consistency invariants at run time (slower)")
     deterministic: bool = setting(False, help="train after each rollout, cutting micro-batches in group-id order, "
                                   "so two runs with one seed end with bit-identical parameters (no overlap of "
@@ -255,18 +268,16 @@ class PipelineConfig(Section):
     emulate: str = setting("", rule=emulate_rule,
                            help="CHIP:MODEL (e.g. v5p:qwen2.5-14b): emulated devices; every engine step, training "
                            "micro-batch, apply and weight sync takes the cost model's time (emulation/); \"\" = off")
-    emulate_compression: float = setting(1.0, rule=lambda c: None if c >= 1 else "must be >= 1 (device seconds "
-                                         "per wall second; 1 = real time)",
+    emulate_compression: float = setting(1.0, rule=emulate_compression_rule,
                                          help="emulate: device seconds per wall second")
-    emulate_mfu: float = setting(0.4, rule=lambda m: None if 0 < m <= 1 else "is outside (0, 1]; the share of "
-                                 "peak FLOP/s a training step reaches, e.g. 0.4",
+    emulate_mfu: float = setting(0.4, rule=emulate_mfu_rule,
                                  help="emulate: model-FLOPs utilisation of an emulated training step")
     emulate_median_response: int = setting(0, rule=at_least_zero,
                                            help="emulate: median scripted response tokens, long-tailed up to "
                                            "rollout.max_response_length; 0 = every response that long")
     emulate_sync_link: str = setting("dcn100", rule=emulate_link_rule,
                                      help="emulate: the link a weight sync crosses (one per chip, in parallel)")
-    emulate_tokens_per_call: int = setting(64, rule=positive,
+    emulate_tokens_per_call: int = setting(64, rule=emulate_tokens_per_call_rule,
                                            help="emulate: decode steps an emulated engine advances per call at most "
                                            "(charged as that many single steps; 1 = one per call, like a real "
                                            "engine); fewer host calls per token keep the host's overhead hidden")

@@ -3,7 +3,8 @@ device time that follows a cost model of real models on real chips.
 
 `chips` (published chip peaks, cited), `model_shapes` (a preset or HF config -> `ModelConfig`), `cost_model`
 (device seconds of prefill, decode, training, optimizer, collectives, transfers), `timescale` (compressed
-wall time and the host-overhead bound), `spec` (`CHIP:MODEL`). Pure Python: importing it starts no JAX.
+wall time and the host-overhead bound), `spec` (`CHIP:MODEL`), `rules` (the `pipeline.emulate_*` rules the
+config and the components share). Pure Python: importing it starts no JAX.
 Under the Engine API and the trainer's interface (these import JAX, so they are imported by module):
 `engine` (EmulatedEngine), `trainer` (EmulatedTrainer), `training_pool` (shared slices), `scripts` (response
 lengths); `orchestrator/emulated_setup.py` builds them for `pipeline.emulate`.

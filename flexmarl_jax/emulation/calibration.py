@@ -32,8 +32,10 @@ def measure_host_overhead_s(engine_config: EngineConfig, tokenizer: Any, *, step
         raise ValueError(f"steps={steps} must be >= 1 and prompt_length={prompt_length} in "
                          f"[1, {engine_config.max_prefill_length}]")
     filler = tokenizer.encode("a", add_bos=False)[-1]
-    engine = EmulatedEngine(CostModel(get_preset("tiny"), get_chip("v5e")), engine_config, tokenizer,
-                            ScriptedTokens(tokenizer.eos_id, filler, fixed_length(steps)), timescale=_NO_DEVICE_TIME)
+    # One decode step per call, as a real engine; the cost model's mfu is never read (an engine's calls never train).
+    engine = EmulatedEngine(CostModel(get_preset("tiny"), get_chip("v5e"), mfu=1.0), engine_config, tokenizer,
+                            ScriptedTokens(tokenizer.eos_id, filler, fixed_length(steps)), tokens_per_call=1,
+                            timescale=_NO_DEVICE_TIME)
     instance = EngineInstance(engine, placeholder_params(), name="calibration")
     prompt = tuple(range(3, 3 + prompt_length))
 

@@ -40,6 +40,7 @@ import math
 
 from flexmarl_jax.emulation.chips import Chip, Link
 from flexmarl_jax.emulation.roofline import forward_flops_per_token, matmul_weights, train_step_flops
+from flexmarl_jax.emulation.rules import mfu_problem
 from flexmarl_jax.models.config import ModelConfig
 
 BF16_BYTES = 2
@@ -52,7 +53,7 @@ DEFAULT_COLLECTIVE_LATENCY_S = 10e-6  # an assumption, not a spec-sheet figure: 
 class CostModel:
     """Device time of one model replica on `chips` chips of kind `chip` (see the module docstring).
 
-    mfu: model-FLOPs utilisation of a training step, in (0, 1].
+    mfu: model-FLOPs utilisation of a training step, in (0, 1] (a run's is `pipeline.emulate_mfu`; keyword only).
     weight_bytes / kv_bytes / activation_bytes: bytes per weight, KV-cache value and activation (bf16: 2).
     collective_latency_s: fixed cost of one all-reduce, on top of its bytes.
     host_overhead_s: the host's own seconds per engine or trainer call (measured; not device time).
@@ -61,7 +62,7 @@ class CostModel:
     model: ModelConfig
     chip: Chip
     chips: int = 1
-    mfu: float = 0.4
+    mfu: float = dataclasses.field(kw_only=True)
     weight_bytes: int = BF16_BYTES
     kv_bytes: int = BF16_BYTES
     activation_bytes: int = BF16_BYTES
@@ -71,9 +72,9 @@ class CostModel:
     def __post_init__(self):
         if not isinstance(self.chips, int) or isinstance(self.chips, bool) or self.chips < 1:
             raise ValueError(f"chips={self.chips!r} must be a positive int (chips one model replica spans)")
-        if not 0.0 < self.mfu <= 1.0:
-            raise ValueError(f"mfu={self.mfu!r} is outside (0, 1]; it is the share of peak FLOP/s a training "
-                             "step reaches, e.g. 0.4")
+        problem = mfu_problem(self.mfu)
+        if problem:
+            raise ValueError(f"mfu={self.mfu!r} {problem}")
         for name in ("collective_latency_s", "host_overhead_s"):
             if getattr(self, name) < 0:
                 raise ValueError(f"{name}={getattr(self, name)!r} must be >= 0")

@@ -45,6 +45,7 @@ import numpy as np
 from flax import struct
 
 from flexmarl_jax.emulation.cost_model import CostModel
+from flexmarl_jax.emulation.rules import tokens_per_call_problem
 from flexmarl_jax.emulation.timescale import TimeScale
 from flexmarl_jax.rollout import engine_api
 from flexmarl_jax.rollout.engine_shape import EngineShapeFromConfig
@@ -229,29 +230,30 @@ class EmulatedEngine(EngineShapeFromConfig, engine_api.Engine):
 
     Args:
       cost_model: the model on its chips (one instance's replica).
-      tokens_per_call: at most this many tokens per slot per `generate` call (see `steps_for`); 1 = one
-        decode step per call, as a real engine.
       engine_config: slots, prompt buckets and cache length, as for FlexEngine.
       tokenizer: the agent's tokenizer (pad / EOS ids, stop strings).
       script: the tokens each sample emits.
-      timescale: device seconds -> wall seconds (default: real time).
+      tokens_per_call: at most this many tokens per slot per `generate` call (see `steps_for`); 1 = one
+        decode step per call, as a real engine. A run's is `pipeline.emulate_tokens_per_call`.
+      timescale: device seconds -> wall seconds (a run's: `pipeline.emulate_compression`).
       clock: the wall clock (tests may pass a fake one).
       device: the queue its work runs on (default: a queue of its own; a chip whose emulated devices are one
         piece of silicon, `Chip.one_device`, gives every engine and trainer the same one).
     """
 
     def __init__(self, cost_model: CostModel, engine_config: EngineConfig, tokenizer: Any, script: ScriptedTokens,
-                 *, tokens_per_call: int = 1, timescale: TimeScale | None = None,
-                 clock: Callable[[], float] = time.perf_counter, device: DeviceQueue | None = None):
-        if isinstance(tokens_per_call, bool) or not isinstance(tokens_per_call, int) or tokens_per_call < 1:
-            raise ValueError(f"tokens_per_call={tokens_per_call!r} must be an int >= 1")
+                 *, tokens_per_call: int, timescale: TimeScale, clock: Callable[[], float] = time.perf_counter,
+                 device: DeviceQueue | None = None):
+        problem = tokens_per_call_problem(tokens_per_call)
+        if problem:
+            raise ValueError(f"tokens_per_call={tokens_per_call!r} {problem}")
         self.cost_model = cost_model
         self.tokens_per_call = tokens_per_call
         self.model_config = cost_model.model
         self.config = engine_config
         self.tokenizer = tokenizer
         self.script = script
-        self.device = device if device is not None else DeviceQueue(timescale or TimeScale(), clock)
+        self.device = device if device is not None else DeviceQueue(timescale, clock)
         self._decoding = False  # whether the last generate left live slots (the loop then calls again at once)
         self._finished_last_call = False  # whether a slot ended in the last generate (the next one is one step)
         self.steps_advanced = 0  # decode steps charged so far (over every generate call)

@@ -12,19 +12,21 @@ from __future__ import annotations
 
 import dataclasses
 
+from flexmarl_jax.emulation.rules import compression_problem
+
 MAX_HOST_OVERHEAD_SHARE = 0.10
 
 
 @dataclasses.dataclass(frozen=True)
 class TimeScale:
-    """Device seconds -> wall seconds at `compression` >= 1."""
+    """Device seconds -> wall seconds at `compression` >= 1 (a run's is `pipeline.emulate_compression`)."""
 
-    compression: float = 1.0
+    compression: float
 
     def __post_init__(self):
-        if not self.compression >= 1.0:  # also rejects NaN
-            raise ValueError(f"compression={self.compression!r} must be >= 1 (device seconds per wall second; "
-                             "1 is real time)")
+        problem = compression_problem(self.compression)
+        if problem:
+            raise ValueError(f"compression={self.compression!r} {problem}")
 
     def wall_s(self, device_s: float) -> float:
         """Wall seconds an emulated call of `device_s` device seconds lasts."""

@@ -30,6 +30,7 @@ import numpy as np
 from flax import nnx
 
 from flexmarl_jax.models.config import ModelConfig
+from flexmarl_jax.models.lora_rules import lora_alpha_problem, lora_rank_problem
 from flexmarl_jax.models.lora_targets import TARGETS
 from flexmarl_jax.models.projection import project
 
@@ -45,18 +46,17 @@ _RANK = "r"
 @dataclasses.dataclass(frozen=True)
 class LoraSpec:
     """rank (0: no adapter, the agent trains the full model), alpha (the update is scaled by alpha / rank) and
-    the projections that carry an adapter."""
+    the projections that carry an adapter. A run's come from `agents.<name>.lora` (`train/from_config.py`); the
+    rank and alpha rules are the config's (`lora_rules.py`)."""
 
     rank: int
     alpha: float
-    targets: tuple[str, ...] = TARGETS
+    targets: tuple[str, ...]
 
     def __post_init__(self):
-        if isinstance(self.rank, bool) or not isinstance(self.rank, (int, np.integer)) or self.rank < 0:
-            raise ValueError(f"lora rank={self.rank!r} must be an integer >= 0 (0: full fine-tuning)")
-        if isinstance(self.alpha, bool) or not isinstance(self.alpha, (int, float, np.number)) or (
-                self.rank and not self.alpha > 0):
-            raise ValueError(f"lora alpha={self.alpha!r} must be a number > 0")
+        for name, problem in (("rank", lora_rank_problem(self.rank)), ("alpha", lora_alpha_problem(self.alpha))):
+            if problem:
+                raise ValueError(f"lora {name}={getattr(self, name)!r} {problem}")
         object.__setattr__(self, "rank", int(self.rank))
         object.__setattr__(self, "alpha", float(self.alpha))
         unknown = sorted(set(self.targets) - set(TARGETS))

@@ -34,18 +34,20 @@ from flexmarl_jax.models.sources import ModelSource
 from flexmarl_jax.orchestrator.agents import AgentRuntime, agent_trainer_config, sampling_for
 from flexmarl_jax.orchestrator.rollout_setup import RolloutHandle, TimedInstance, backend_for
 from flexmarl_jax.orchestrator.shared_training import DedicatedTraining
-from flexmarl_jax.rollout.settings import engine_config_for
+from flexmarl_jax.rollout.settings import EngineConfig, engine_config_for
 
 
 @dataclasses.dataclass(frozen=True)
 class Emulation:
-    """An emulated run's devices: the chip and model, the clock's compression, the cost models."""
+    """An emulated run's devices: the chip and model, the clock's compression, the cost models, and how far an
+    engine advances per call; every value from the run config (`from_config`)."""
 
     device: EmulatedDevice
     timescale: TimeScale
     rollout: CostModel  # one engine instance's replica
     train: CostModel  # one agent's training mesh (or one shared slice)
     sync_link_name: str
+    tokens_per_call: int  # decode steps an engine advances per call at most
     # When the chip is `one_device` (this host): the timeline every engine's calls queue on, and the one every
     # trainer's calls and weight sync queue on (see chips.Chip.one_device); None for real chips.
     shared_rollout_device: DeviceQueue | None = None
@@ -57,12 +59,19 @@ class Emulation:
         device = parse_emulate(pipeline.emulate)
         timescale = TimeScale(pipeline.emulate_compression)
         rollout_device, train_device = _shared_timelines(device.chip, timescale)
+        # Both cost models are at the run's MFU; only training steps read it (an engine's calls never train).
         return cls(device=device, timescale=timescale,
-                   rollout=CostModel(device.model, device.chip, chips=mesh.rollout_devices_per_instance),
+                   rollout=CostModel(device.model, device.chip, chips=mesh.rollout_devices_per_instance,
+                                     mfu=pipeline.emulate_mfu),
                    train=CostModel(device.model, device.chip, chips=mesh.train_devices_per_agent,
                                    mfu=pipeline.emulate_mfu),
-                   sync_link_name=pipeline.emulate_sync_link,
+                   sync_link_name=pipeline.emulate_sync_link, tokens_per_call=pipeline.emulate_tokens_per_call,
                    shared_rollout_device=rollout_device, shared_train_device=train_device)
+
+    def engine(self, engine_config: EngineConfig, tokenizer: Any, script: ScriptedTokens) -> EmulatedEngine:
+        """One engine instance's EmulatedEngine on these devices."""
+        return EmulatedEngine(self.rollout, engine_config, tokenizer, script, tokens_per_call=self.tokens_per_call,
+                              timescale=self.timescale, device=self.shared_rollout_device)
 
     def weight_sync_s(self) -> float:
         """Device seconds of one agent's weight sync: each training chip sends its shard over its own link."""
@@ -115,9 +124,7 @@ def start_emulated_engines(config: RunConfig, emulation: Emulation, runtimes: Ma
         script = script_for(config, runtime.tokenizer)
         instances = []
         for _ in range(config.rollout.instances_per_agent):
-            engine = EmulatedEngine(emulation.rollout, engine_config, runtime.tokenizer, script,
-                                    tokens_per_call=config.pipeline.emulate_tokens_per_call,
-                                    timescale=emulation.timescale, device=emulation.shared_rollout_device)
+            engine = emulation.engine(engine_config, runtime.tokenizer, script)
             instance = TimedInstance(engine, placeholder_params(), policy_version=runtime.trainer.policy_version,
                                      name=f"instance{number}")
             instances.append(instance.attach(timeline, agent))

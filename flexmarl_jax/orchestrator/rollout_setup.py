@@ -8,8 +8,9 @@ agent's other instances. With `pipeline.balancing` (flexmarl mode) an InstanceBa
 between agents that run the same model with the same tokenizer; a moved instance loads its new agent's last
 synced weights, and later syncs reach it through the router.
 
-Knobs: rollout.request_timeout_s (0 = none), rollout.max_retries, rollout.instance_stall_s; balancing:
-pipeline.balance_delta, pipeline.balance_cooldown_s, pipeline.balance_poll_s, rollout.min_instances_per_agent.
+Knobs (read by `rollout/routing_settings.py`): rollout.request_timeout_s (0 = none), rollout.max_retries,
+rollout.instance_stall_s, run.stall_timeout_s; balancing: pipeline.balance_delta, pipeline.balance_cooldown_s,
+pipeline.balance_poll_s, rollout.min_instances_per_agent.
 """
 
 from __future__ import annotations
@@ -32,6 +33,7 @@ from flexmarl_jax.rollout.instance import EngineInstance
 from flexmarl_jax.rollout.protocols import RoutableInstance
 from flexmarl_jax.rollout.routed_backend import RoutedBackend
 from flexmarl_jax.rollout.router import RequestRouter
+from flexmarl_jax.rollout.routing_settings import balancer_settings_for, health_settings_for, router_settings_for
 from flexmarl_jax.rollout.settings import engine_config_for
 from flexmarl_jax.transfer import across_processes
 from flexmarl_jax.transfer.across_processes import spans_processes
@@ -143,41 +145,21 @@ def backend_for(config: RunConfig, started: Mapping[str, AgentRuntime], timeline
                          balancer=balancer)
 
 
-def balancing_settings(config: RunConfig) -> dict[str, Any]:
-    """The balancing knobs of a config."""
-    timeout = config.rollout.request_timeout_s
-    return {
-        "delta": config.pipeline.balance_delta,
-        "cooldown_s": config.pipeline.balance_cooldown_s,
-        "poll_interval_s": config.pipeline.balance_poll_s,
-        "min_instances_per_agent": config.rollout.min_instances_per_agent,
-        "timeout_s": timeout if timeout > 0 else None,
-        "max_retries": config.rollout.max_retries,
-    }
-
-
 def build_routed_backend(config: RunConfig, instances: dict[str, list[EngineInstance]], tokenizers,
                          timeline: Timeline, weights: dict[str, tuple[Any, int]], *, start: bool = True
                          ) -> tuple[RoutedBackend, InstanceBalancer | None]:
     """Router + health monitor (+ balancer with `pipeline.balancing` in flexmarl mode) over `instances`;
     `tokenizers` agent -> its tokenizer; `weights` are each agent's (params, version) served now. Instances
     move only between agents of one model and tokenizer."""
-    knobs = balancing_settings(config)
 
     def relabel(instance: RoutableInstance, from_agent: str, to_agent: str) -> None:
         if isinstance(instance, TimedInstance):
             instance.reassign(to_agent)
 
-    router = RequestRouter(instances, timeout_s=knobs["timeout_s"], max_retries=knobs["max_retries"],
-                           initial_weights=weights, on_migrated=relabel)
-    # An instance's first step compiles (several seconds on a loaded CPU, minutes for a large model): only the
-    # run's own stall bound applies to it, rollout.instance_stall_s to every step after.
-    services: list[Any] = [InstanceHealthMonitor(router, stall_s=config.rollout.instance_stall_s,
-                                                 first_step_s=config.run.stall_timeout_s)]
+    router = RequestRouter(instances, **router_settings_for(config), initial_weights=weights, on_migrated=relabel)
+    services: list[Any] = [InstanceHealthMonitor(router, **health_settings_for(config))]
     balancer = None
     if config.pipeline.balancing and config.pipeline.mode == "flexmarl":
-        balancer = InstanceBalancer(router, delta=knobs["delta"], cooldown_s=knobs["cooldown_s"],
-                                    poll_interval_s=knobs["poll_interval_s"],
-                                    min_instances_per_agent=knobs["min_instances_per_agent"], timeline=timeline)
+        balancer = InstanceBalancer(router, **balancer_settings_for(config), timeline=timeline)
         services.append(balancer)
     return RoutedBackend(router, tokenizers, start=start, services=services), balancer

@@ -23,6 +23,13 @@ from typing import Any
 from flexmarl_jax.metrics import INSTANCES, QUEUE_LENGTH, Timeline
 from flexmarl_jax.rollout.periodic import PeriodicThread
 from flexmarl_jax.rollout.router import RequestRouter
+from flexmarl_jax.rollout.routing_rules import (
+    balance_cooldown_problem,
+    balance_delta_problem,
+    balance_poll_problem,
+    instances_to_keep_problem,
+    min_instances_problem,
+)
 from flexmarl_jax.rollout.routing_state import DRAINING, LOADING, SERVING
 
 logger = logging.getLogger(__name__)
@@ -35,25 +42,30 @@ class PlannedMove:
     to_agent: str
 
 
-def validate_balancing(*, delta: Any, cooldown_s: Any, poll_interval_s: Any, min_instances_per_agent: Any,
-                       num_agents: int, num_instances: int) -> None:
-    """The config rules, as ValueErrors naming the value: delta an int >= 1, cooldown_s >= 0,
-    poll_interval_s > 0, min_instances_per_agent an int >= 1 with min x agents <= the rollout instances
-    (each instance owns its devices, so this is the device budget)."""
-    if isinstance(delta, bool) or not isinstance(delta, int) or delta < 1:
-        raise ValueError(f"balancing delta={delta!r} must be an int >= 1 (queue-length gap that triggers a move)")
-    if not isinstance(cooldown_s, (int, float)) or cooldown_s < 0:
-        raise ValueError(f"balancing cooldown_s={cooldown_s!r} must be >= 0 seconds")
-    if not isinstance(poll_interval_s, (int, float)) or not poll_interval_s > 0:
-        raise ValueError(f"balancing poll_interval_s={poll_interval_s!r} must be > 0 seconds")
-    if (isinstance(min_instances_per_agent, bool) or not isinstance(min_instances_per_agent, int)
-            or min_instances_per_agent < 1):
-        raise ValueError(f"min_instances_per_agent={min_instances_per_agent!r} must be an int >= 1")
+def check_balancing(*, delta: Any, cooldown_s: Any, poll_interval_s: Any, min_instances_per_agent: Any,
+                    instance_counts: dict[str, int], num_instances: int) -> None:
+    """The balancing rules, as ValueErrors naming the value: each setting's own rule (routing_rules.py, which the
+    run config checks too), then what the router's instances allow (`instance_counts`: agent -> instances it
+    starts with; `num_instances`: every instance, each owning its devices): min x agents at most the instances
+    there are (the device budget), and every agent starting with at least the minimum."""
+    for name, value, problem in (("delta", delta, balance_delta_problem(delta)),
+                                 ("cooldown_s", cooldown_s, balance_cooldown_problem(cooldown_s)),
+                                 ("poll_interval_s", poll_interval_s, balance_poll_problem(poll_interval_s)),
+                                 ("min_instances_per_agent", min_instances_per_agent,
+                                  min_instances_problem(min_instances_per_agent))):
+        if problem:
+            raise ValueError(f"balancing {name}={value!r} {problem}")
+    num_agents = len(instance_counts)
     if min_instances_per_agent * num_agents > num_instances:
         raise ValueError(
             f"min_instances_per_agent={min_instances_per_agent} x {num_agents} agents = "
             f"{min_instances_per_agent * num_agents} instances, more than the {num_instances} rollout instances "
             f"(device groups) there are; lower it to at most {num_instances // max(num_agents, 1)}")
+    fewest = min(instance_counts.values(), default=min_instances_per_agent)  # no agents: none starts short
+    problem = instances_to_keep_problem(min_instances_per_agent, fewest)
+    if problem:
+        short = {agent: n for agent, n in instance_counts.items() if n < min_instances_per_agent}
+        raise ValueError(f"{problem}; agents that start with fewer: {short}")
 
 
 class InstanceBalancer:
@@ -66,18 +78,15 @@ class InstanceBalancer:
       cooldown_s: an instance stays at least this long with the agent it moved to.
       poll_interval_s: seconds between polls when running on a thread (`start()`).
       min_instances_per_agent: instances every agent keeps.
+        A run passes these four from its config (`routing_settings.balancer_settings_for`).
       timeline: where queue lengths, instance counts and migrations go (optional).
     """
 
-    def __init__(self, router: RequestRouter, *, delta: int = 5, cooldown_s: float = 1.0,
-                 poll_interval_s: float = 0.02, min_instances_per_agent: int = 1, timeline: Timeline | None = None):
-        counts = router.instance_counts()
-        validate_balancing(delta=delta, cooldown_s=cooldown_s, poll_interval_s=poll_interval_s,
-                           min_instances_per_agent=min_instances_per_agent, num_agents=len(counts),
-                           num_instances=len(router.members()))
-        short = {agent: n for agent, n in counts.items() if n < min_instances_per_agent}
-        if short:
-            raise ValueError(f"min_instances_per_agent={min_instances_per_agent} but agents start with fewer: {short}")
+    def __init__(self, router: RequestRouter, *, delta: int, cooldown_s: float, poll_interval_s: float,
+                 min_instances_per_agent: int, timeline: Timeline | None = None):
+        check_balancing(delta=delta, cooldown_s=cooldown_s, poll_interval_s=poll_interval_s,
+                        min_instances_per_agent=min_instances_per_agent, instance_counts=router.instance_counts(),
+                        num_instances=len(router.members()))
         self.router, self.delta, self.cooldown_s = router, delta, cooldown_s
         self.poll_interval_s, self.min_instances = poll_interval_s, min_instances_per_agent
         self.timeline = timeline

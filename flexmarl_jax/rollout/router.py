@@ -43,6 +43,7 @@ from typing import Any
 from flexmarl_jax import faults
 from flexmarl_jax.rollout.loop import RolloutRequest, SequenceResult
 from flexmarl_jax.rollout.protocols import RoutableInstance
+from flexmarl_jax.rollout.routing_rules import max_retries_problem
 from flexmarl_jax.rollout.routing_state import BROKEN, DRAINING, LOADING, SERVING, Attempt, Job, LoadHeaps, Member
 
 logger = logging.getLogger(__name__)
@@ -64,6 +65,7 @@ class RequestRouter:
       instances: agent -> its instances (at least one each; names unique).
       timeout_s: a dispatched attempt older than this is cancelled and re-queued (None: never).
       max_retries: re-queues allowed per request after timeouts or instance errors (>= 0).
+        A run passes both from its config (`routing_settings.router_settings_for`).
       weights_provider: agent -> (params, policy_version) that agent's instances serve now; a migrated
         instance loads these before it takes the agent's requests. Defaults to the last weights given to
         `update_params` (or `initial_weights`).
@@ -72,15 +74,16 @@ class RequestRouter:
       clock: seconds, monotonic (tests pass a fake one).
     """
 
-    def __init__(self, instances: Mapping[str, Sequence[RoutableInstance]], *, timeout_s: float | None = None,
-                 max_retries: int = 2, weights_provider: Callable[[str], tuple[Any, int]] | None = None,
+    def __init__(self, instances: Mapping[str, Sequence[RoutableInstance]], *, timeout_s: float | None,
+                 max_retries: int, weights_provider: Callable[[str], tuple[Any, int]] | None = None,
                  initial_weights: Mapping[str, tuple[Any, int]] | None = None,
                  on_migrated: Callable[[RoutableInstance, str, str], None] | None = None,
                  clock: Callable[[], float] = time.monotonic):
         if timeout_s is not None and not timeout_s > 0:
             raise ValueError(f"timeout_s={timeout_s!r} must be > 0 seconds (or None for no timeout)")
-        if isinstance(max_retries, bool) or not isinstance(max_retries, int) or max_retries < 0:
-            raise ValueError(f"max_retries={max_retries!r} must be an int >= 0")
+        problem = max_retries_problem(max_retries)
+        if problem:
+            raise ValueError(f"max_retries={max_retries!r} {problem}")
         self.timeout_s, self.max_retries, self.clock = timeout_s, max_retries, clock
         self._migration_listeners = [on_migrated] if on_migrated is not None else []
         self._lock = threading.RLock()

@@ -34,6 +34,7 @@ from flexmarl_jax.emulation import (
 )
 from flexmarl_jax.models.config import ModelConfig
 from flexmarl_jax.models.presets import get_preset
+from tests.settings_views import cost_model
 
 SMALL = ModelConfig(vocab_size=1000, hidden_size=64, intermediate_size=128, num_layers=2, num_heads=4,
                     num_kv_heads=2, head_dim=16, tie_word_embeddings=False, qkv_bias=False,
@@ -43,7 +44,7 @@ ROUND = Chip(name="round", title="a chip with round numbers", peak_bf16_flops=1e
 
 
 def small(**kwargs) -> CostModel:
-    return CostModel(SMALL, ROUND, **{"collective_latency_s": 1e-5, **kwargs})
+    return cost_model(SMALL, ROUND, **{"collective_latency_s": 1e-5, **kwargs})
 
 
 def test_sizes_of_the_small_model():
@@ -114,10 +115,10 @@ def test_a_real_model_on_a_real_chip():
       = 48 x (36700160 + 26214400 + 212336640) + 778567680 = 13990625280
     bytes = 2W + one position's KV (2 x 48 x 8 x 128 x 2 = 196608) = 27981447168 at 4.8e12 B/s
           = 5.829468160e-3 s (compute: ~2.8e13 FLOPs / 989.5e12 = 2.8e-5 s)."""
-    model = CostModel(get_preset("qwen2.5-14b"), get_chip("h200"))
+    model = cost_model(get_preset("qwen2.5-14b"), get_chip("h200"))
     assert model.decode_step_s(1, 1) == pytest.approx(27981447168 / 4.8e12, rel=1e-12)
     assert model.min_chips() == 1  # 29.5 GB of bf16 weights in 141 GB
-    assert CostModel(get_preset("qwen2.5-32b"), get_chip("v5e")).min_chips() == 5  # 65.5 GB in 16 GB chips
+    assert cost_model(get_preset("qwen2.5-32b"), get_chip("v5e")).min_chips() == 5  # 65.5 GB in 16 GB chips
 
 
 def test_chip_table_holds_the_required_chips_with_sources():
@@ -194,7 +195,7 @@ def test_importing_the_cost_model_starts_no_jax():
 def test_a_chips_call_overhead_is_added_once_per_call():
     import dataclasses
 
-    launched = CostModel(SMALL, dataclasses.replace(ROUND, call_overhead_s=5e-4), collective_latency_s=1e-5)
+    launched = cost_model(SMALL, dataclasses.replace(ROUND, call_overhead_s=5e-4), collective_latency_s=1e-5)
     # the hand cases above, each plus 0.5 ms; k decode steps in one go are k single steps, overhead included
     assert launched.decode_step_s(1, 100) == pytest.approx(3.01056e-4 + 5e-4, rel=1e-12)
     assert launched.prefill_s(2, 7) == pytest.approx(3.885056e-4 + 5e-4, rel=1e-12)

@@ -17,7 +17,7 @@ from flexmarl_jax.models.tokenizer import CharTokenizer
 from flexmarl_jax.rollout.engine import SlotSampling
 from flexmarl_jax.rollout.instance import EngineInstance
 from flexmarl_jax.rollout.loop import RolloutRequest
-from tests.settings_views import engine_config
+from tests.settings_views import cost_model, engine_config
 
 PROMPT, SAMPLES, REQUESTS, LENGTH = 10, 2, 4, 40
 
@@ -51,10 +51,11 @@ def test_device_queue_runs_work_back_to_back_and_compresses_it():
 
 def make_instance(compression: float) -> tuple[EngineInstance, EmulatedEngine, CostModel]:
     tokenizer = CharTokenizer()
-    model = CostModel(get_preset("qwen2.5-14b"), get_chip("v5p"), chips=2)
+    model = cost_model(get_preset("qwen2.5-14b"), get_chip("v5p"), chips=2)
     config = engine_config(max_concurrent_decodes=REQUESTS * SAMPLES, max_prefill_length=16, max_decode_length=64)
     script = ScriptedTokens(tokenizer.eos_id, tokenizer.encode("a")[-1], fixed_length(LENGTH))
-    engine = EmulatedEngine(model, config, tokenizer, script, timescale=TimeScale(compression))
+    # one decode step per call, as a real engine: the step-by-step charges below follow it
+    engine = EmulatedEngine(model, config, tokenizer, script, tokens_per_call=1, timescale=TimeScale(compression))
     return EngineInstance(engine, placeholder_params(), name="emulated"), engine, model
 
 
@@ -114,7 +115,7 @@ def test_the_host_overhead_per_step_is_measured_and_small_against_a_real_step():
     # against Qwen2.5-32B decoding 8 slots on 5 v5e chips (~17 ms, uncompressed) it is under the 10% bound
     # (~0.5 ms measured here: against a 6 ms step it would be near the bound, which is why the engine overlaps
     # the host with the device and measures the stall instead)
-    step = CostModel(get_preset("qwen2.5-32b"), get_chip("v5e"), chips=5).decode_step_s(8, 40)
+    step = cost_model(get_preset("qwen2.5-32b"), get_chip("v5e"), chips=5).decode_step_s(8, 40)
     assert TimeScale(1.0).overhead_within_bound(overhead, step)
     with pytest.raises(ValueError, match=r"^steps=0 must be >= 1"):
         measure_host_overhead_s(config, CharTokenizer(), steps=0)
@@ -133,7 +134,7 @@ def varied_length(seed: int, sample_index: int) -> int:
 
 def run_varied_workload(tokens_per_call: int, requests: list[RolloutRequest]):
     tokenizer = CharTokenizer()
-    model = CostModel(get_preset("qwen2.5-14b"), get_chip("v5p"), chips=2)
+    model = cost_model(get_preset("qwen2.5-14b"), get_chip("v5p"), chips=2)
     config = engine_config(max_concurrent_decodes=6, max_prefill_length=16, max_decode_length=64)
     script = ScriptedTokens(tokenizer.eos_id, tokenizer.encode("a")[-1], varied_length)
     engine = EmulatedEngine(model, config, tokenizer, script, tokens_per_call=tokens_per_call,
@@ -193,7 +194,7 @@ def test_a_call_of_several_steps_ends_at_the_first_slot_that_ends_then_takes_one
     config = engine_config(max_concurrent_decodes=3, max_prefill_length=16, max_decode_length=64)
     lengths = {0: 9, 1: 30, 2: 50}
     script = ScriptedTokens(tokenizer.eos_id, 7, lambda seed, index: lengths[index])
-    engine = EmulatedEngine(CostModel(get_preset("qwen2.5-14b"), get_chip("v5p")), config, tokenizer, script,
+    engine = EmulatedEngine(cost_model(get_preset("qwen2.5-14b"), get_chip("v5p")), config, tokenizer, script,
                             tokens_per_call=STEPS_PER_CALL, timescale=NO_WALL_TIME)
     prefix = engine.prefill_batch(None, np.zeros((1, 16), np.int32), [4], [SlotSampling()])
     state = engine.insert_many(prefix, engine.init_decode_state(), [0, 1, 2], [0, 1, 2])
@@ -205,7 +206,7 @@ def test_a_call_of_several_steps_ends_at_the_first_slot_that_ends_then_takes_one
     # 9 steps (slot 0 ends), 1 step, 16 (the cap), 4 more (slot 1 ends at 30), 1 step
     assert calls == [[9, 9, 9], [0, 1, 1], [0, 16, 16], [0, 4, 4], [0, 0, 1]]
     with pytest.raises(ValueError, match=r"^tokens_per_call=0 must be an int >= 1"):
-        EmulatedEngine(engine.cost_model, config, tokenizer, script, tokens_per_call=0)
+        EmulatedEngine(engine.cost_model, config, tokenizer, script, tokens_per_call=0, timescale=NO_WALL_TIME)
 
 
 def test_engines_on_one_device_queue_their_work_one_after_another():
@@ -214,9 +215,10 @@ def test_engines_on_one_device_queue_their_work_one_after_another():
     shared = DeviceQueue(TimeScale(1.0), clock)
     tokenizer = CharTokenizer()
     config = engine_config(max_concurrent_decodes=2, max_prefill_length=16, max_decode_length=64)
-    model = CostModel(get_preset("qwen2.5-14b"), get_chip("v5p"))
+    model = cost_model(get_preset("qwen2.5-14b"), get_chip("v5p"))
     script = ScriptedTokens(tokenizer.eos_id, 7, fixed_length(5))
-    engines = [EmulatedEngine(model, config, tokenizer, script, clock=clock, device=shared) for _ in range(2)]
+    engines = [EmulatedEngine(model, config, tokenizer, script, tokens_per_call=1, timescale=shared.timescale,
+                              clock=clock, device=shared) for _ in range(2)]
     ready = []
     for engine in engines:
         prefix = engine.prefill_batch(None, np.zeros((1, 16), np.int32), [4], [SlotSampling()])

@@ -13,10 +13,11 @@ import dataclasses
 import pytest
 
 from flexmarl_jax.config import ConfigError, PipelineConfig, RolloutConfig, RunConfig, TrainConfig, WorkflowConfig
-from flexmarl_jax.emulation import CostModel, get_chip, get_link
+from flexmarl_jax.emulation import get_chip, get_link
 from flexmarl_jax.models.presets import get_preset
 from flexmarl_jax.orchestrator.run import build_orchestrator
 from flexmarl_jax.train.protocol import Trainer
+from tests.settings_views import cost_model
 
 COMPRESSION = 2.5
 QUERIES, SAMPLES, MICRO_BATCH = 4, 4, 8
@@ -55,7 +56,7 @@ def within(measured: list[float], predicted: list[float]) -> bool:
 def test_an_emulated_run_takes_the_cost_models_time_and_keeps_rows_and_versions_consistent(tmp_path):
     built, records = run_two_iterations(emulated_config(tmp_path))
     timeline, agents = built.orchestrator.timeline, built.agents
-    train = CostModel(get_preset(MODEL), get_chip(CHIP), chips=1, mfu=0.4)  # what the config's defaults imply
+    train = cost_model(get_preset(MODEL), get_chip(CHIP), chips=1)  # at the config's default pipeline.emulate_mfu
     wall = lambda device_s: device_s / COMPRESSION  # noqa: E731
 
     # Versions: every agent applied one update per iteration, and its instances serve the last one.

@@ -13,12 +13,13 @@ import pytest
 from flexmarl_jax.models import functional as F
 from flexmarl_jax.models import lora, lora_targets
 from flexmarl_jax.models.presets import get_preset
+from tests.settings_views import lora_spec
 
 _forward = jax.jit(F.forward, static_argnums=0, static_argnames="remat")
 _prefill = jax.jit(F.prefill, static_argnums=0)
 _decode_step = jax.jit(F.decode_step, static_argnums=0)
 CONFIG = dataclasses.replace(get_preset("tiny"), vocab_size=128)  # Qwen2 layout: q/k/v biases, 2 layers
-ALL = lora.LoraSpec(rank=4, alpha=8.0)
+ALL = lora_spec(rank=4, alpha=8.0)
 
 
 @functools.cache
@@ -75,16 +76,16 @@ def test_an_adapter_gives_the_logits_of_its_merged_weights(targets):
 
 
 def test_adapter_shapes_follow_the_base_weights_and_count():
-    shapes = lora.adapter_shapes(CONFIG, lora.LoraSpec(rank=16, alpha=32.0))
+    shapes = lora.adapter_shapes(CONFIG, lora_spec(rank=16, alpha=32.0))
     e, h, k, d, m = 64, 4, 2, 16, 192
     assert shapes["q_proj"] == ((e, 16), (16, h, d)) and shapes["k_proj"] == ((e, 16), (16, k, d))
     assert shapes["o_proj"] == ((h, d, 16), (16, e)) and shapes["down_proj"] == ((m, 16), (16, e))
     per_layer = 16 * ((e + h * d) * 2 + (e + k * d) * 2 + (e + m) * 2 + (m + e))
-    adapter = lora.init_adapters(CONFIG, lora.LoraSpec(rank=16, alpha=32.0), seed=0)
+    adapter = lora.init_adapters(CONFIG, lora_spec(rank=16, alpha=32.0), seed=0)
     assert lora.adapter_count(adapter) == CONFIG.num_layers * per_layer
 
 
-SPECS = (lora.LoraSpec(rank=2, alpha=4.0), lora.LoraSpec(rank=8, alpha=8.0, targets=("q_proj", "up_proj")),
+SPECS = (lora_spec(rank=2, alpha=4.0), lora.LoraSpec(rank=8, alpha=8.0, targets=("q_proj", "up_proj")),
          lora.LoraSpec(rank=4, alpha=2.0, targets=("v_proj", "o_proj", "gate_proj", "down_proj")))
 
 
@@ -152,7 +153,7 @@ def _reference_logits(adapter, spec, batch):
 
 @pytest.mark.parametrize("remat", [False, True])
 def test_lora_gradients_equal_a_plain_reference(remat):
-    spec = lora.LoraSpec(rank=4, alpha=8.0)
+    spec = lora_spec(rank=4, alpha=8.0)
     adapter = _trained_adapter(spec, seed=7)
     batch = _batch(seed=3)
     tokens, _, mask = batch
@@ -221,7 +222,7 @@ def test_rows_must_name_an_adapter_of_the_batch():
     with pytest.raises(ValueError, match=r"in \[0, 2\)"):
         lora.stack_adapters(adapters, SPECS[:2], rows=[0, 2])
     with pytest.raises(ValueError, match=r"rank 8/8 \(A/B\), its spec says 2"):
-        lora.stack_adapters([adapters[1]], [lora.LoraSpec(rank=2, alpha=4.0)])
+        lora.stack_adapters([adapters[1]], [lora_spec(rank=2, alpha=4.0)])
     with pytest.raises(ValueError, match=r"adapters for \['up_proj'\]"):
         lora.stack_adapters([adapters[1]], [lora.LoraSpec(rank=8, alpha=4.0, targets=("q_proj",))])
 
@@ -241,7 +242,7 @@ def test_bad_lora_settings_name_the_field(rank, alpha, targets, message):
 
 
 def test_rank_zero_is_full_fine_tuning_and_has_no_adapter():
-    spec = lora.LoraSpec(rank=0, alpha=0.0)
+    spec = lora_spec(rank=0)
     assert spec.scale == 0.0
     with pytest.raises(ValueError, match="rank 0"):
         lora.init_adapters(CONFIG, spec, seed=0)

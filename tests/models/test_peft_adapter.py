@@ -13,12 +13,13 @@ from flexmarl_jax.models import functional as F
 from flexmarl_jax.models import lora
 from flexmarl_jax.models.checkpoint import from_pretrained, save_pretrained
 from flexmarl_jax.models.peft_adapter import load_peft_adapter, save_peft_adapter
+from tests.settings_views import lora_spec
 
 torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
 peft = pytest.importorskip("peft")
 
-SPEC = lora.LoraSpec(rank=4, alpha=8.0)
+SPEC = lora_spec(rank=4, alpha=8.0)
 
 
 @pytest.fixture(scope="module")

@@ -15,15 +15,18 @@ from flexmarl_jax.rollout.balancer import InstanceBalancer, PlannedMove
 from flexmarl_jax.rollout.instance import EngineInstance
 from flexmarl_jax.rollout.loop import RolloutLoop, RolloutRequest
 from flexmarl_jax.rollout.router import RequestRouter
+from tests.settings_views import balancer_settings, router_settings
 
 from .conftest import make_tiny_model, prompts_of_mixed_lengths
 from .test_router import AGENTS, FakeClock, FakeInstance
 
 
-def _fake_router(per_agent=(2, 2, 2), capacity=2, clock=None, **kwargs):
+def _fake_router(per_agent=(2, 2, 2), capacity=2, clock=None, **settings):
+    """A router over fake instances; `settings` replace the default run's router settings."""
     fakes = {agent: [FakeInstance(f"{agent}{k}", agent, capacity=capacity) for k in range(n)]
              for agent, n in zip(AGENTS, per_agent, strict=True)}
-    router = RequestRouter(fakes, clock=clock or FakeClock(), initial_weights={a: (a, 0) for a in AGENTS}, **kwargs)
+    router = RequestRouter(fakes, **router_settings(**settings), clock=clock or FakeClock(),
+                           initial_weights={a: (a, 0) for a in AGENTS})
     return router, [f for agent in AGENTS for f in fakes[agent]]
 
 
@@ -34,7 +37,8 @@ def _submit(router, agent, count, start=0):
 def test_moves_as_many_instances_as_the_gap_warrants():
     router, fakes = _fake_router(per_agent=(3, 3, 3), capacity=1)
     timeline = Timeline()
-    balancer = InstanceBalancer(router, delta=5, min_instances_per_agent=1, timeline=timeline, cooldown_s=0)
+    balancer = InstanceBalancer(router, **balancer_settings(delta=5, min_instances_per_agent=1, cooldown_s=0),
+                                timeline=timeline)
     _submit(router, "solver", 3 + 17)  # 3 dispatched, 17 waiting: gap 17 > 5 -> 17 // 5 = 3 moves
     assert balancer.plan() == [PlannedMove("planner0", "planner", "solver"),
                                PlannedMove("planner1", "planner", "solver"),
@@ -55,7 +59,7 @@ def test_moves_as_many_instances_as_the_gap_warrants():
 def test_no_move_within_delta_or_cooldown():
     clock = FakeClock()
     router, _ = _fake_router(per_agent=(2, 2, 2), capacity=1, clock=clock)
-    balancer = InstanceBalancer(router, delta=5, cooldown_s=10.0)
+    balancer = InstanceBalancer(router, **balancer_settings(delta=5, cooldown_s=10.0))
     _submit(router, "solver", 2 + 5)  # gap 5: not more than delta
     assert balancer.poll_once() == []
     _submit(router, "solver", 1, start=100)  # gap 6 -> one move
@@ -68,17 +72,17 @@ def test_no_move_within_delta_or_cooldown():
 
 def test_bad_balancer_config():
     router, _ = _fake_router(per_agent=(1, 1, 1))
-    with pytest.raises(ValueError, match=r"delta=0 must be an int >= 1"):
-        InstanceBalancer(router, delta=0)
-    with pytest.raises(ValueError, match=r"delta=2.5 must be an int >= 1"):
-        InstanceBalancer(router, delta=2.5)
+    with pytest.raises(ValueError, match=r"delta=0 must be a positive integer"):
+        InstanceBalancer(router, **balancer_settings(delta=0))
+    with pytest.raises(ValueError, match=r"delta=2.5 must be a positive integer"):
+        InstanceBalancer(router, **balancer_settings(delta=2.5))
     with pytest.raises(ValueError, match=r"min_instances_per_agent=2 x 3 agents = 6 instances, more than the 3"):
-        InstanceBalancer(router, min_instances_per_agent=2)
+        InstanceBalancer(router, **balancer_settings(min_instances_per_agent=2))
     with pytest.raises(ValueError, match="cooldown_s=-1"):
-        InstanceBalancer(router, cooldown_s=-1)
+        InstanceBalancer(router, **balancer_settings(cooldown_s=-1))
     router, _ = _fake_router(per_agent=(1, 3, 2))
-    with pytest.raises(ValueError, match=r"agents start with fewer: \{'planner': 1\}"):
-        InstanceBalancer(router, min_instances_per_agent=2)
+    with pytest.raises(ValueError, match=r"agents that start with fewer: \{'planner': 1\}"):
+        InstanceBalancer(router, **balancer_settings(min_instances_per_agent=2))
 
 
 operation = st.one_of(
@@ -100,7 +104,8 @@ def test_balancing_loses_nothing_and_keeps_minimums(ops, per_agent, delta, min_i
     cooldown = 1.5
     moved_at = collections.defaultdict(list)
     router.add_migration_listener(lambda inst, src, dst: moved_at[inst.name].append(clock.now))
-    balancer = InstanceBalancer(router, delta=delta, cooldown_s=cooldown, min_instances_per_agent=min_instances)
+    balancer = InstanceBalancer(router, **balancer_settings(delta=delta, cooldown_s=cooldown,
+                                                            min_instances_per_agent=min_instances))
     futures = []
     for op, a, b in ops:
         if op == "submit":
@@ -142,8 +147,9 @@ def test_migrated_instance_generates_with_new_agents_weights(engine, tiny_model)
                  "critic": [EngineInstance(engine, critic_params, name="critic0"),
                             EngineInstance(engine, critic_params, name="critic1")]}
     timeline = Timeline()
-    router = RequestRouter(instances, initial_weights={"solver": (solver_params, 7), "critic": (critic_params, 0)})
-    balancer = InstanceBalancer(router, delta=5, timeline=timeline)
+    router = RequestRouter(instances, **router_settings(),
+                           initial_weights={"solver": (solver_params, 7), "critic": (critic_params, 0)})
+    balancer = InstanceBalancer(router, **balancer_settings(delta=5), timeline=timeline)
     prompts = prompts_of_mixed_lengths(tiny_model.tokenizer, 16, seed=5)
     futures = [router.submit("solver", RolloutRequest(p, max_new_tokens=6)) for p in prompts]
     assert router.queue_length("solver") == 8  # solver0's 8 slots are full

@@ -15,6 +15,7 @@ from flexmarl_jax.rollout.instance import EngineInstance
 from flexmarl_jax.rollout.loop import RolloutRequest
 from flexmarl_jax.rollout.progress import StepProgress
 from flexmarl_jax.rollout.router import BROKEN, SERVING, RequestFailed, RequestRouter
+from tests.settings_views import router_settings
 
 from .test_router import FakeClock, FakeInstance
 
@@ -59,7 +60,7 @@ def _hung_and_healthy(engine, tiny_model):
 def test_an_instance_without_progress_is_taken_out_and_its_requests_move():
     clock = FakeClock()
     stuck, healthy = SteppingFake("s0", "solver", capacity=1), SteppingFake("s1", "solver", capacity=1)
-    router = RequestRouter({"solver": [stuck, healthy]}, max_retries=1, clock=clock)
+    router = RequestRouter({"solver": [stuck, healthy]}, **router_settings(max_retries=1), clock=clock)
     delivered = []
     futures = [router.submit("solver", RolloutRequest((k, 1), on_done=lambda r, k=k: delivered.append(k)),
                              label=f"q{k}") for k in range(3)]
@@ -91,7 +92,7 @@ def test_an_instance_compiling_its_first_step_gets_the_longer_first_step_limit()
     `first_step_s`; after that, `stall_s`."""
     clock = FakeClock()
     cold, warm = SteppingFake("s0", "solver", capacity=1), SteppingFake("s1", "solver", capacity=1)
-    router = RequestRouter({"solver": [cold, warm]}, max_retries=1, clock=clock)
+    router = RequestRouter({"solver": [cold, warm]}, **router_settings(max_retries=1), clock=clock)
     monitor = InstanceHealthMonitor(router, stall_s=5.0, first_step_s=30.0)
     for k in range(2):
         router.submit("solver", RolloutRequest((k, 1)), label=f"q{k}")
@@ -115,7 +116,7 @@ def test_an_idle_instance_whose_step_never_returns_is_taken_out_before_it_gets_a
     for instance in (idle, busy):
         instance.progress = StepProgress(clock=clock)
         instance.tick()
-    router = RequestRouter({"solver": [idle, busy]}, max_retries=1, clock=clock)
+    router = RequestRouter({"solver": [idle, busy]}, **router_settings(max_retries=1), clock=clock)
     idle.progress.begin()  # a step that never ends, holding no request
     clock.now = 4.0
     assert router.check_progress(stall_s=5.0) == []
@@ -128,7 +129,7 @@ def test_an_idle_instance_whose_step_never_returns_is_taken_out_before_it_gets_a
 def test_failover_retries_are_bounded_and_a_lone_agent_fails_loudly():
     clock = FakeClock()
     first, second = SteppingFake("s0", "solver", capacity=1), SteppingFake("s1", "solver", capacity=1)
-    router = RequestRouter({"solver": [first, second]}, max_retries=0, clock=clock)
+    router = RequestRouter({"solver": [first, second]}, **router_settings(max_retries=0), clock=clock)
     future = router.submit("solver", RolloutRequest((0, 1)), label="query-3/solver")
     queued = [router.submit("solver", RolloutRequest((k, 1)), label=f"q{k}") for k in (1, 2)]
     router.check_progress(stall_s=1.0)
@@ -167,7 +168,7 @@ def test_a_hung_step_blocks_neither_the_instance_nor_the_router_and_its_requests
         assert len(first.result(timeout=60)) == 2
         # Stuck-instance detection reads the step counter, not the lock: a request routed to the hung instance
         # (a fresh router: both instances idle in its eyes) moves to the healthy one.
-        fresh = RequestRouter({"solver": [hung, healthy]}, max_retries=1)
+        fresh = RequestRouter({"solver": [hung, healthy]}, **router_settings(max_retries=1))
         monitor = InstanceHealthMonitor(fresh, stall_s=0.5, poll_s=0.1)
         second = fresh.submit("solver", RolloutRequest(prompt, max_new_tokens=4), label="q1")
         assert fresh.inflight("hung") == 1
@@ -190,7 +191,7 @@ def test_closing_the_backend_does_not_wait_for_an_instance_taken_out_with_a_hung
     from flexmarl_jax.rollout.routed_backend import RoutedBackend
 
     hung, healthy, release = _hung_and_healthy(engine, tiny_model)
-    router = RequestRouter({"solver": [hung, healthy]}, max_retries=1)
+    router = RequestRouter({"solver": [hung, healthy]}, **router_settings(max_retries=1))
     backend = RoutedBackend(router, tiny_model.tokenizer,
                             services=[InstanceHealthMonitor(router, stall_s=0.5, first_step_s=0.5, poll_s=0.1)])
     try:
@@ -222,7 +223,7 @@ def test_injected_instance_faults_fail_over_or_slow_down(engine, tiny_model, _di
     faults = _disarmed
     bad, good = EngineInstance(engine, tiny_model.params, name="bad"), EngineInstance(engine, tiny_model.params,
                                                                                       name="good")
-    router = RequestRouter({"solver": [bad, good]}, max_retries=1)
+    router = RequestRouter({"solver": [bad, good]}, **router_settings(max_retries=1))
     monitor = InstanceHealthMonitor(router, stall_s=1.0, poll_s=0.1)
     faults.arm(fault, where="bad", times=0 if fault == "instance_slow" else 1)
     prompt = tuple(tiny_model.tokenizer.encode("1+2="))

@@ -16,6 +16,7 @@ from flexmarl_jax.rollout.loop import RolloutLoop, RolloutRequest, SequenceResul
 from flexmarl_jax.rollout.routed_backend import RoutedBackend
 from flexmarl_jax.rollout.router import SERVING, RequestFailed, RequestRouter
 from flexmarl_jax.workflows.generation import GenerationBackend, GenerationRequest, SamplingParams
+from tests.settings_views import router_settings
 
 AGENTS = ("planner", "solver", "critic")
 
@@ -140,7 +141,7 @@ def test_no_request_lost_or_duplicated(ops, max_retries, can_cancel, capacities)
 
 def test_least_loaded_dispatch_and_admission():
     fakes = [FakeInstance(f"s{k}", "solver", capacity=2) for k in range(3)]
-    router = RequestRouter({"solver": fakes})
+    router = RequestRouter({"solver": fakes}, **router_settings())
     futures = [router.submit("solver", RolloutRequest((k, 1), max_new_tokens=10 if k == 0 else 4)) for k in range(7)]
     # 3 instances x 2 slots: 6 dispatched, one waits in the router's queue.
     assert [len(f.held) for f in fakes] == [2, 2, 2] and router.queue_length("solver") == 1
@@ -175,7 +176,8 @@ def test_migration_waits_for_drain_and_loads_receiver_weights():
     solver = [FakeInstance("s0", "solver"), FakeInstance("s1", "solver")]
     critic = [FakeInstance("c0", "critic")]
     moved = []
-    router = RequestRouter({"solver": solver, "critic": critic}, initial_weights={"critic": ("critic", 3)},
+    router = RequestRouter({"solver": solver, "critic": critic}, **router_settings(),
+                           initial_weights={"critic": ("critic", 3)},
                            on_migrated=lambda inst, src, dst: moved.append((inst.name, src, dst)))
     router.submit("solver", RolloutRequest((0, 1)))
     router.submit("solver", RolloutRequest((1, 1)))
@@ -194,22 +196,24 @@ def test_migration_waits_for_drain_and_loads_receiver_weights():
 
 def test_migration_across_architectures_is_refused():
     router = RequestRouter({"solver": [FakeInstance("s0", "solver"), FakeInstance("s1", "solver", architecture="7b")],
-                            "critic": [FakeInstance("c0", "critic")]}, initial_weights={"critic": ("critic", 0)})
+                            "critic": [FakeInstance("c0", "critic")]}, **router_settings(),
+                           initial_weights={"critic": ("critic", 0)})
     with pytest.raises(ValueError, match="cannot move instance 's1' from 'solver' to 'critic': its model architecture"):
         router.migrate("s1", "critic")
 
 
 def test_bad_router_arguments():
     with pytest.raises(ValueError, match="timeout_s=0"):
-        RequestRouter({"solver": [FakeInstance("s0", "solver")]}, timeout_s=0)
+        RequestRouter({"solver": [FakeInstance("s0", "solver")]}, **router_settings(timeout_s=0))
     with pytest.raises(ValueError, match="max_retries=-1"):
-        RequestRouter({"solver": [FakeInstance("s0", "solver")]}, max_retries=-1)
+        RequestRouter({"solver": [FakeInstance("s0", "solver")]}, **router_settings(max_retries=-1))
     with pytest.raises(ValueError, match="no engine instance"):
-        RequestRouter({"solver": []})
+        RequestRouter({"solver": []}, **router_settings())
     with pytest.raises(ValueError, match="'s0' is used twice"):
-        RequestRouter({"solver": [FakeInstance("s0", "solver")], "critic": [FakeInstance("s0", "critic")]})
+        RequestRouter({"solver": [FakeInstance("s0", "solver")], "critic": [FakeInstance("s0", "critic")]},
+                      **router_settings())
     router = RequestRouter({"solver": [FakeInstance("s0", "solver"), FakeInstance("s1", "solver")],
-                            "critic": [FakeInstance("c0", "critic")]})
+                            "critic": [FakeInstance("c0", "critic")]}, **router_settings())
     with pytest.raises(ValueError, match="unknown agent 'judge'"):
         router.submit("judge", RolloutRequest((0, 1)))
     with pytest.raises(ValueError, match="no weights known for agent 'critic'"):
@@ -222,7 +226,7 @@ def test_routed_backend_on_real_engines(engine, tiny_model):
     instances = {"solver": [EngineInstance(engine, tiny_model.params, name="s0"),
                             EngineInstance(engine, tiny_model.params, name="s1")],
                  "verifier": [EngineInstance(engine, tiny_model.params, policy_version=3, name="v0")]}
-    router = RequestRouter(instances, timeout_s=60.0)
+    router = RequestRouter(instances, **router_settings(timeout_s=60.0))
     with RoutedBackend(router, tokenizer) as backend:
         assert isinstance(backend, GenerationBackend)
         futures = [backend.submit(GenerationRequest(f"q{k}", "solver", f"{k}*{k}=", 3, SamplingParams(seed=k,

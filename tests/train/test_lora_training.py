@@ -14,11 +14,11 @@ from flexmarl_jax.train.algorithms import loss_config_for
 from flexmarl_jax.train.batch import build_iteration
 from flexmarl_jax.train.steps import steps_for
 from flexmarl_jax.train.trainer import AgentTrainer
-from tests.settings_views import trainer_config
+from tests.settings_views import lora_spec, trainer_config
 from tests.train.conftest import ADAM, FULL, LOSS, MAX_LEN, random_rows, rel_err, run_iteration
 
 RANK = 4
-SPEC = LoraSpec(RANK, alpha=8.0)
+SPEC = lora_spec(rank=RANK, alpha=8.0)
 
 
 def _one_device():
@@ -62,7 +62,7 @@ def test_a_new_adapter_is_the_base_model(tiny_model_config, initial):
     """B starts at zero: the LoRA trainer's log-probs are the full trainer's on the same weights (1e-6) and its
     merged params are the base exactly."""
     batch = _batches(random_rows(FULL, seed=1))[0]
-    full = AgentTrainer("solver", tiny_model_config, _config(spec=LoraSpec(0, 16.0)), initial=initial)
+    full = AgentTrainer("solver", tiny_model_config, _config(spec=lora_spec(rank=0)), initial=initial)
     adapted = AgentTrainer("solver", tiny_model_config, _config(), initial=initial)
     assert adapted.adapters is not None and full.adapters is None
     assert np.max(np.abs(adapted.logprobs(batch) - full.logprobs(batch))) < 1e-6
@@ -79,7 +79,7 @@ def test_lora_gradients_equal_a_plain_merged_reference(tiny_model_config, initia
     adapters = _random_adapter(tiny_model_config, spec, seed=3)
     batch = _batches(random_rows(FULL, seed=2))[0]
     lora_steps = steps_for(graphdef, tiny_model_config, _config(spec=spec, remat=remat), _one_device())
-    full_steps = steps_for(graphdef, tiny_model_config, _config(spec=LoraSpec(0, 16.0), remat=remat),
+    full_steps = steps_for(graphdef, tiny_model_config, _config(spec=lora_spec(rank=0), remat=remat),
                            _one_device())
     accum = lora_steps.accumulate({"adapters": adapters}, base, lora_steps.zeros({"adapters": adapters}), batch)
 
