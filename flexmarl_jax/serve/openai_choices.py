@@ -88,5 +88,14 @@ def completion_logprobs(tokenizer: Any, entries: list[TokenLogprob], top: int, t
         offsets.append(offset)
         offset += len(text)
     return {"tokens": tokens, "token_logprobs": [e.logprob for e in entries],
-            "top_logprobs": [{token_text(tokenizer, t): lp for t, lp in e.top[:top]} for e in entries],
+            "top_logprobs": [_by_text(tokenizer, e.top[:top]) for e in entries],
             "text_offset": offsets}
+
+
+def _by_text(tokenizer: Any, top: tuple[tuple[int, float], ...]) -> dict[str, float]:
+    """The completions format keys alternatives by text; two ids with one text (partial UTF-8 bytes) keep the
+    likelier one's log-prob."""
+    alternatives: dict[str, float] = {}
+    for token_id, logprob in top:
+        alternatives.setdefault(token_text(tokenizer, token_id), logprob)
+    return alternatives
