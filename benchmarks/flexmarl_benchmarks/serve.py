@@ -52,8 +52,8 @@ from flexmarl_jax.cli.main import main as flexmarl_main
 from flexmarl_jax.orchestrator.export import export_agent
 from flexmarl_jax.rollout.engine import SlotSampling
 from flexmarl_jax.rollout.loop import RolloutLoop, RolloutRequest
-from flexmarl_jax.rollout.settings import MAX_TOP_LOGPROBS
-from flexmarl_jax.serve.served_agent import build_engine, load_agent, read_run, serving_engine_config
+from flexmarl_jax.serve.openai_server import openai_engine_config
+from flexmarl_jax.serve.served_agent import build_engine, load_agent, read_run
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 SMOLLM2 = os.path.join(os.environ.get("FLEXMARL_CHECKPOINTS", "checkpoints"), "SmolLM2-135M-Instruct")
@@ -164,8 +164,7 @@ def in_process_round(workdir: str, agent: str, slots: int, max_tokens: int, requ
     """The same prompts and lengths on the server's engine shapes, in this process, all submitted at once."""
     run = read_run(workdir)
     served = load_agent(workdir, agent, run=run)
-    config = dataclasses.replace(serving_engine_config(run, agent, slots=slots, max_new_tokens=max_tokens),
-                        top_logprobs=MAX_TOP_LOGPROBS)
+    config = openai_engine_config(run, agent, slots=slots, max_new_tokens=max_tokens)
     engine, params = build_engine(served, config, jax.devices()[0])
     engine.warm_up(params)
     loop = RolloutLoop(engine, params)

@@ -342,6 +342,8 @@ class RolloutLoop:
                    else data.data[:, data.valid_idx[0]:data.valid_idx[1]].cumprod(axis=1).sum(axis=1))
         # Every end-of-sequence id of the checkpoint ends a sequence (chat models list several).
         eos_ids = frozenset(getattr(self.tokenizer, "stop_ids", None) or (self.tokenizer.eos_id,))
+        # The raw log-probs an engine reports for the OpenAI server (one token per step): read once per step.
+        reported = (data.raw_logprobs(), *data.top()) if getattr(data, "has_raw_logprobs", False) else None
         for slot, sequence in enumerate(owners):
             if sequence is None or sequence.finish_reason is not None or self._slots[slot] is not sequence:
                 continue
@@ -353,18 +355,19 @@ class RolloutLoop:
                 self._take_several(sequence, tokens[slot, :count], logprobs[slot, :count], eos_ids)
             work = sequence.work
             if work.request.on_tokens is not None and len(sequence.token_ids) > before:
-                self._tell_tokens(sequence, before, data, slot)
+                self._tell_tokens(sequence, before, reported, slot)
             if work.pending_done is not None:  # the request's last sample finished: after its last tokens' event
                 self._deliver(work.request.on_done, work.pending_done)
                 work.pending_done = None
 
-    def _tell_tokens(self, sequence: _Sequence, before: int, data: Any, slot: int) -> None:
-        """Hands the sample's tokens from `before` on to its request's on_tokens (deferred like on_done)."""
+    def _tell_tokens(self, sequence: _Sequence, before: int, reported: tuple | None, slot: int) -> None:
+        """Hands the sample's tokens from `before` on to its request's on_tokens (deferred like on_done);
+        `reported`: the step's (raw log-probs [slots], top ids, top raw log-probs [slots, K]), or None."""
         raw: tuple[float, ...] = ()
         top: tuple[tuple[tuple[int, float], ...], ...] = ()
-        if getattr(data, "has_raw_logprobs", False):  # one token per step on an engine that reports them
-            top_ids, top_logprobs = data.top()
-            raw = (float(data.raw_logprobs()[slot]),)
+        if reported is not None:
+            raw_logprobs, top_ids, top_logprobs = reported
+            raw = (float(raw_logprobs[slot]),)
             top = (tuple(zip(top_ids[slot].tolist(), top_logprobs[slot].tolist(), strict=True)),)
         event = TokenEvent(sequence.sample_index, tuple(sequence.token_ids[before:]),
                            tuple(sequence.logprobs[before:]), raw, top, sequence.finish_reason)

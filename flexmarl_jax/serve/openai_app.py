@@ -128,9 +128,8 @@ class OpenAIEndpoints:
                         prompts: list[list[int]], *, chat: bool, default_max_tokens: int,
                         prompt_field: str) -> Response:
         max_tokens = settings.max_tokens if settings.max_tokens is not None else default_max_tokens
-        token_field = "max_tokens"
         if max_tokens > model.max_tokens:
-            raise bad(token_field, f"{max_tokens} is more than this server generates: at most {model.max_tokens} "
+            raise bad("max_tokens", f"{max_tokens} is more than this server generates: at most {model.max_tokens} "
                                    f"tokens for model '{model.name}'")
         for prompt in prompts:
             if not prompt:

@@ -140,11 +140,9 @@ class ServedModels:
             on_error=hand_over) for index, ids in enumerate(prompts)]
         generation = Generation(model, requests, queue, loop, self._live)
         self._live.add(generation)
-        submitted = []
         try:
             for request in requests:
                 model.instance.submit(request)
-                submitted.append(request)
         except (ValueError, RuntimeError) as error:
             generation.close()
             raise bad("prompt", str(error)) if isinstance(error, ValueError) else APIError(500, str(error)) from None

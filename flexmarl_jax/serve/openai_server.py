@@ -32,6 +32,13 @@ STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM)
 GRACEFUL_SHUTDOWN_S = 3.0  # then uvicorn cancels what is still open; the issue's bound for the whole stop is 10 s
 
 
+def openai_engine_config(run, agent: str, *, slots: int = 0, max_new_tokens: int = 0):
+    """`flexmarl serve`'s engine shapes for ``agent`` (served_agent.serving_engine_config) with the raw top
+    log-probs the API's `logprobs` need reported every step."""
+    return dataclasses.replace(serving_engine_config(run, agent, slots=slots, max_new_tokens=max_new_tokens),
+                               top_logprobs=MAX_TOP_LOGPROBS)
+
+
 def load_served_models(workdir: str, agents: Sequence[str] | None = None, *, version: int | None = None,
                        slots: int = 0, max_new_tokens: int = 0,
                        announce: Callable[[str], None] = print) -> ServedModels:
@@ -43,9 +50,7 @@ def load_served_models(workdir: str, agents: Sequence[str] | None = None, *, ver
     models = {}
     for index, name in enumerate(names):
         agent = load_agent(workdir, name, version=version, run=run)
-        engine_config = dataclasses.replace(
-            serving_engine_config(run, name, slots=slots, max_new_tokens=max_new_tokens),
-            top_logprobs=MAX_TOP_LOGPROBS)
+        engine_config = openai_engine_config(run, name, slots=slots, max_new_tokens=max_new_tokens)
         engine, params = build_engine(agent, engine_config, devices[index % len(devices)])
         announce(f"compiling agent {name} (policy_version {agent.policy_version})")
         engine.warm_up(params)

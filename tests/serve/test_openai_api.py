@@ -88,12 +88,12 @@ class Reference:
         import jax
 
         from flexmarl_jax.rollout.loop import RolloutLoop
-        from flexmarl_jax.rollout.settings import MAX_TOP_LOGPROBS
-        from flexmarl_jax.serve.served_agent import build_engine, load_agent, read_run, serving_engine_config
+        from flexmarl_jax.serve.openai_server import openai_engine_config
+        from flexmarl_jax.serve.served_agent import build_engine, load_agent, read_run
 
         run = read_run(workdir)
         served = load_agent(workdir, agent, run=run)
-        config = dataclasses.replace(serving_engine_config(run, agent, slots=slots), top_logprobs=MAX_TOP_LOGPROBS)
+        config = openai_engine_config(run, agent, slots=slots)
         engine, params = build_engine(served, config, jax.devices()[0])
         return cls(RolloutLoop(engine, params), served.tokenizer)
 
