@@ -139,7 +139,7 @@ class OurSide:
         """Median ms of one batched prefill (all prompts) and of one generate step over all slots."""
         import jax
 
-        from flexmarl_jax.rollout.engine import pad_prompt
+        from flexmarl_jax.rollout.engine_tokenizer import pad_prompt
 
         engine = self._engine()
         prompts = self.workload["prompts"]

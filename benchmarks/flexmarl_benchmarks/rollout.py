@@ -141,7 +141,7 @@ def _step_breakdown(engine, params, prompt) -> tuple[float, float]:
     """Median ms of one generate step with host copy, and of one prefill (bucketed)."""
     import jax
 
-    from flexmarl_jax.rollout.engine import pad_prompt
+    from flexmarl_jax.rollout.engine_tokenizer import pad_prompt
 
     padded, length = pad_prompt(prompt, engine.config, 0)
     state = engine.init_decode_state()
@@ -162,7 +162,7 @@ def _prefill_sharing(engine, params, prompts, n: int, repeats: int) -> tuple[flo
     """(shared / separate cost, shared ms, separate ms) to make n samples of one prompt decode-ready."""
     import jax
 
-    from flexmarl_jax.rollout.engine import pad_prompt
+    from flexmarl_jax.rollout.engine_tokenizer import pad_prompt
 
     prompt = max(prompts, key=len)
     padded, length = pad_prompt(prompt, engine.config, 0)

@@ -266,7 +266,8 @@ class EmulatedEngine(EngineShapeFromConfig, engine_api.Engine):
         return EmulatedDecodeState(positions=zeros.copy(), generated=zeros.copy(), seed=zeros.copy(),
                                    sample_index=zeros.copy(), target=zeros.copy(), live=np.zeros((slots,), bool))
 
-    def prefill_batch(self, params: Any, padded_tokens, true_lengths, samplings) -> EmulatedPrefix:
+    def prefill_batch(self, params: Any, padded_tokens, true_lengths, samplings, adapters=None) -> EmulatedPrefix:
+        # adapters: FlexEngine's rows of an adapter table; an emulated engine computes no tokens, so none apply
         true_lengths = np.asarray(true_lengths, dtype=np.int64)
         real = [index for index, sampling in enumerate(samplings) if sampling is not None] or [0]
         tokens = float(np.mean(true_lengths[real]))

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Mapping, Sequence
+from typing import Any
 
 import jax
 import jax.numpy as jnp
@@ -164,15 +165,29 @@ def stack_adapters(adapters: Sequence[Mapping], specs: Sequence[LoraSpec], rows=
     `rows` [B]: the adapter of each row, each in [0, len(adapters)); it may be None for a single adapter."""
     if not adapters or len(adapters) != len(specs):
         raise ValueError(f"{len(adapters)} adapters for {len(specs)} specs: give one spec per adapter, at least one")
-    adapters = [checked_adapter(tree, spec, f"adapter {index}")
-                for index, (tree, spec) in enumerate(zip(adapters, specs, strict=True))]
     if rows is None and len(adapters) > 1:
         raise ValueError(f"{len(adapters)} adapters and no rows: say which adapter each row uses")
     if isinstance(rows, (list, tuple, np.ndarray)):  # traced rows cannot be checked here
         concrete = np.asarray(rows)
         if concrete.size and (concrete.min() < 0 or concrete.max() >= len(adapters)):
             raise ValueError(f"rows must each be in [0, {len(adapters)}), got {concrete.tolist()}")
-    rank = max(spec.rank for spec in specs)
+    table = adapter_table(adapters, specs)
+    return AdapterBatch(table.weights, table.scales, None if rows is None else jnp.asarray(rows, jnp.int32))
+
+
+def adapter_table(adapters: Sequence[Mapping], specs: Sequence[LoraSpec], *, rank: int | None = None
+                  ) -> AdapterBatch:
+    """The adapters stacked without rows: the table an engine serving several agents of one base holds
+    (`AdaptedParams`), each prompt and decode slot naming its row. `rank` (default the largest) leaves room
+    for later adapters of up to that rank (`replace_adapter`)."""
+    if not adapters or len(adapters) != len(specs):
+        raise ValueError(f"{len(adapters)} adapters for {len(specs)} specs: give one spec per adapter, at least one")
+    adapters = [checked_adapter(tree, spec, f"adapter {index}")
+                for index, (tree, spec) in enumerate(zip(adapters, specs, strict=True))]
+    largest = max(spec.rank for spec in specs)
+    if rank is not None and rank < largest:
+        raise ValueError(f"table rank {rank} is below its largest adapter's rank {largest}")
+    rank = largest if rank is None else int(rank)
 
     def padded(array, rank_axis: int):
         pad = [(0, 0)] * array.ndim
@@ -189,7 +204,64 @@ def stack_adapters(adapters: Sequence[Mapping], specs: Sequence[LoraSpec], rows=
             "b": jnp.stack([padded(tree[target]["b"], 1) if target in tree else b_zero for tree in adapters]),
         }
     scales = jnp.asarray([spec.scale for spec in specs], jnp.float32)
-    return AdapterBatch(weights, scales, None if rows is None else jnp.asarray(rows, jnp.int32))
+    return AdapterBatch(weights, scales)
+
+
+def replace_adapter(batch: AdapterBatch, index: int, adapter: Mapping, spec: LoraSpec) -> AdapterBatch:
+    """`batch` with adapter `index` replaced by `adapter` and its scale by `spec.scale`, the others untouched
+    (`adapter_row` checks and pads it, `write_adapter_row` writes it)."""
+    return write_adapter_row(batch, index, adapter_row(batch, index, adapter, spec), spec.scale)
+
+
+def adapter_row(batch: AdapterBatch, index: int, adapter: Mapping, spec: LoraSpec) -> dict:
+    """`adapter` shaped as row `index` of the table `batch`: zero-padded to the table's rank, zero for a target
+    of the table it lacks. A rank above the table's, or a target the table lacks, is a ValueError: the table's
+    shapes, and with them an engine's compiled steps, stay as they are."""
+    checked_adapter(adapter, spec, f"adapter {index}")
+    count, rank = int(batch.scales.shape[0]), _table_rank(batch)
+    if not 0 <= int(index) < count:
+        raise ValueError(f"adapter index {index} is outside the table's {count} adapters")
+    if spec.rank > rank:
+        raise ValueError(f"an adapter of rank {spec.rank} does not fit a table of rank {rank}")
+    missing = sorted(set(adapter) - set(batch.weights))
+    if missing:
+        raise ValueError(f"adapter {index} has targets {missing}, which the table lacks")
+    row = {}
+    for target, pair in batch.weights.items():
+        a = np.zeros(pair["a"].shape[1:], pair["a"].dtype)
+        b = np.zeros(pair["b"].shape[1:], pair["b"].dtype)
+        if target in adapter:
+            a[..., : spec.rank] = np.asarray(adapter[target]["a"], a.dtype)
+            b[:, : spec.rank] = np.asarray(adapter[target]["b"], b.dtype)
+        row[target] = {"a": a, "b": b}
+    return row
+
+
+def write_adapter_row(batch: AdapterBatch, index, row: Mapping, scale) -> AdapterBatch:
+    """The table with row `index` set to `row` (from `adapter_row`) and its scale to `scale`. Jittable with a
+    traced index (one compile for every row); donate `batch` to write the table in place."""
+    weights = {target: {name: pair[name].at[index].set(row[target][name].astype(pair[name].dtype))
+                        for name in ("a", "b")} for target, pair in batch.weights.items()}
+    return AdapterBatch(weights, batch.scales.at[index].set(jnp.asarray(scale, jnp.float32)), batch.rows)
+
+
+def _table_rank(batch: AdapterBatch) -> int:
+    return int(next(iter(batch.weights.values()))["a"].shape[-1])
+
+
+@jax.tree_util.register_dataclass
+@dataclasses.dataclass(frozen=True)
+class AdaptedParams:
+    """What an engine that serves several LoRA agents of one base decodes with: the frozen base params, once,
+    and a table of adapters (an `AdapterBatch` without rows) from which each prompt and each decode slot
+    takes its own row (rollout/engine.py)."""
+
+    base: Any
+    table: AdapterBatch
+
+    @property
+    def adapters(self) -> int:
+        return int(self.table.scales.shape[0])
 
 
 def project_with_adapter(target: str, x: jax.Array, w: jax.Array, adapter=None) -> jax.Array:

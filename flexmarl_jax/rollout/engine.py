@@ -32,8 +32,10 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec
 from flexmarl_jax.mesh.meshes import make_mesh
 from flexmarl_jax.models import functional
 from flexmarl_jax.models.config import ModelConfig
+from flexmarl_jax.models.lora import AdaptedParams, AdapterBatch, LoraSpec, adapter_row, write_adapter_row
 from flexmarl_jax.rollout import engine_api
 from flexmarl_jax.rollout.engine_shape import EngineShapeFromConfig
+from flexmarl_jax.rollout.engine_tokenizer import FlexTokenizer
 from flexmarl_jax.rollout.results import LogProbResultTokens
 from flexmarl_jax.rollout.sampling import sample_tokens
 from flexmarl_jax.rollout.settings import EngineConfig, validate_sampling
@@ -65,6 +67,7 @@ class Prefix:
     cache: dict(k=[layers, rows, bucket, kv_heads, head_dim], v=same).
     next_logits: [rows, vocab] f32. true_length: [rows] i32 (prompt tokens, BOS included).
     temperature/top_p: [rows] f32, top_k/seed: [rows] i32.
+    adapter: [rows] i32, the row of the engine's adapter table each prompt decodes with (0 without one).
     """
 
     cache: dict
@@ -74,6 +77,7 @@ class Prefix:
     top_k: jax.Array
     top_p: jax.Array
     seed: jax.Array
+    adapter: jax.Array
 
 
 @struct.dataclass
@@ -81,7 +85,7 @@ class DecodeState:
     """Everything `generate` transforms; leading axis = slots.
 
     cache: dict(k=[layers, slots, cache_length, kv_heads, head_dim], v=same).
-    next_logits: [slots, vocab] f32. positions, generated, top_k, seed, sample_index: [slots] i32.
+    next_logits: [slots, vocab] f32. positions, generated, top_k, seed, sample_index, adapter: [slots] i32.
     temperature, top_p: [slots] f32.
     """
 
@@ -94,54 +98,7 @@ class DecodeState:
     top_p: jax.Array
     seed: jax.Array
     sample_index: jax.Array
-
-
-class FlexTokenizer(engine_api.Tokenizer):
-    """Adapts our `Tokenizer` (models/tokenizer.py) to JetStream's tokenizer API for its Driver."""
-
-    def __init__(self, tokenizer: Any, engine_config: EngineConfig):
-        self._tokenizer = tokenizer
-        self._engine_config = engine_config
-
-    def encode(self, s: str, **kwargs):
-        """Returns (padded tokens [bucket] np.int32, true_length); JetStream's pad kwargs are honoured."""
-        ids = self._tokenizer.encode(s, add_bos=kwargs.get("is_bos", True))
-        return pad_prompt(ids, self._engine_config, self.pad_id)
-
-    def decode(self, token_ids: list[int], **kwargs) -> str:
-        return self._tokenizer.decode(token_ids)
-
-    @property
-    def pad_id(self) -> int:
-        return self._tokenizer.pad_id
-
-    @property
-    def eos_id(self) -> int:
-        return self._tokenizer.eos_id
-
-    @property
-    def bos_id(self) -> int:
-        return self._tokenizer.bos_id
-
-    @property
-    def stop_tokens(self) -> set[int]:
-        """Every end-of-sequence id of the checkpoint (chat models list several)."""
-        return set(getattr(self._tokenizer, "stop_ids", None) or (self.eos_id,))
-
-
-def pad_prompt(ids, engine_config: EngineConfig, pad_id: int) -> tuple[np.ndarray, int]:
-    """Right-pads prompt token ids to their bucket: returns ([bucket] int32, true_length).
-
-    Raises ValueError for an empty prompt, and for one longer than max_prefill_length unless
-    the config asks to truncate (then the last max_prefill_length tokens are kept).
-    """
-    ids = [int(t) for t in ids]
-    if len(ids) > engine_config.max_prefill_length and engine_config.truncate_long_prompts:
-        ids = ids[-engine_config.max_prefill_length :]
-    bucket = engine_config.bucket_for(len(ids))
-    padded = np.full((bucket,), pad_id, dtype=np.int32)
-    padded[: len(ids)] = ids
-    return padded, len(ids)
+    adapter: jax.Array
 
 
 class FlexEngine(EngineShapeFromConfig, engine_api.Engine):
@@ -153,7 +110,9 @@ class FlexEngine(EngineShapeFromConfig, engine_api.Engine):
       engine_config: slots, prompt buckets and cache length.
       tokenizer: our Tokenizer (models/tokenizer.py); drives stop tokens and the Driver's tokenizer.
       mesh: the engine's (sub-)mesh; the decode state lives replicated on it. Defaults to device 0.
-      params: what `load_params()` returns (optional).
+      params: what `load_params()` returns (optional): the model's params, or `AdaptedParams` (models/lora.py),
+        one frozen base and a table of LoRA adapters, for an engine that serves several agents of one base at
+        once; each prompt then names its adapter (`prefill_batch(adapters=)`) and its slots decode with it.
       default_sampling: used when `prefill` is called without `sampling` (JetStream's Driver does).
       cache_dtype: dtype of the KV cache; default the dtype of `params` (float32 without params), so a
         bfloat16 agent's cache takes half the memory and attention reads it without casts.
@@ -179,24 +138,31 @@ class FlexEngine(EngineShapeFromConfig, engine_api.Engine):
         self._params = params
         self.default_sampling = default_sampling
         if cache_dtype is None:
-            cache_dtype = jax.tree.leaves(params)[0].dtype if params is not None else jnp.float32
+            base = params.base if isinstance(params, AdaptedParams) else params
+            cache_dtype = jax.tree.leaves(base)[0].dtype if base is not None else jnp.float32
         self.cache_dtype = jnp.dtype(cache_dtype)
         self._replicated = NamedSharding(self._mesh, PartitionSpec())
-        self._prefill_jit = jax.jit(self._prefill_impl)
-        # Donating the decode state lets XLA update the KV cache in place.
-        self._insert_jit = jax.jit(self._insert_impl, donate_argnums=(1,))
-        # `live` (static) is the number of leading slots stepped: one compile per slot bucket.
-        self._generate_jit = jax.jit(self._generate_impl, donate_argnums=(1,), static_argnums=(2,))
-        self._move_jit = jax.jit(self._move_impl, donate_argnums=(0,))
         cache_sharding = functional.cache_shardings(
             self._mesh, engine_config.max_concurrent_decodes, model_config, engine_config.cache_length
         )
         rep = self._replicated
         state_shardings = DecodeState(
             cache={"k": cache_sharding, "v": cache_sharding}, next_logits=rep, positions=rep, generated=rep,
-            temperature=rep, top_k=rep, top_p=rep, seed=rep, sample_index=rep,
+            temperature=rep, top_k=rep, top_p=rep, seed=rep, sample_index=rep, adapter=rep,
         )
+        # Every entry point hands the decode state back with the shardings `init_decode_state` gives it. Left to
+        # XLA, a one-device mesh's outputs come back as SingleDeviceSharding: a fresh state and a stepped one are
+        # then two cache keys, and the first insert into a fresh state compiled again after `warm_up`.
         self._init_state_jit = jax.jit(self._init_state_impl, out_shardings=state_shardings)
+        self._prefill_jit = jax.jit(self._prefill_impl)
+        # Donating the decode state lets XLA update the KV cache in place.
+        self._insert_jit = jax.jit(self._insert_impl, donate_argnums=(1,), out_shardings=state_shardings)
+        # `live` (static) is the number of leading slots stepped: one compile per slot bucket.
+        self._generate_jit = jax.jit(self._generate_impl, donate_argnums=(1,), static_argnums=(2,),
+                                     out_shardings=(state_shardings, rep))
+        self._move_jit = jax.jit(self._move_impl, donate_argnums=(0,), out_shardings=state_shardings)
+        # The table goes in donated, so replacing one adapter writes its row in place; the row index is traced.
+        self._write_adapter_jit = jax.jit(write_adapter_row, donate_argnums=(0,))
 
     # ----------------------------------------------------------------- Engine API
     def load_params(self, *args, **kwargs) -> Any:
@@ -212,25 +178,29 @@ class FlexEngine(EngineShapeFromConfig, engine_api.Engine):
         padded_tokens: jax.Array | np.ndarray,
         true_length: int,
         sampling: SlotSampling | None = None,
+        adapter: int = 0,
     ) -> Prefix:
         """Runs the prompt [bucket] (right-padded, `true_length` real tokens) through the model.
 
         `sampling` (our extension) fixes how the samples of this prompt will be drawn;
-        without it the engine's `default_sampling` applies.
+        without it the engine's `default_sampling` applies. `adapter` (our extension): its row of the
+        adapter table, with `AdaptedParams`.
         """
         if existing_prefix is not None:
             raise NotImplementedError("FlexEngine does not continue from an existing prefix")
         padded_tokens = np.asarray(padded_tokens, dtype=np.int32)
         if padded_tokens.ndim != 1:
             raise ValueError(f"padded_tokens shape {padded_tokens.shape} must be [bucket]")
-        return self.prefill_batch(params, padded_tokens[None], [int(true_length)], [sampling])
+        return self.prefill_batch(params, padded_tokens[None], [int(true_length)], [sampling], [adapter])
 
-    def prefill_batch(self, params: Any, padded_tokens, true_lengths, samplings) -> Prefix:
+    def prefill_batch(self, params: Any, padded_tokens, true_lengths, samplings, adapters=None) -> Prefix:
         """Prefills several prompts of one bucket in one call (our extension of the API).
 
         padded_tokens: [rows, bucket] right-padded; true_lengths: [rows]; samplings: one
         SlotSampling (or None for the default) per row. `rows` must be one of
-        `config.prefill_batch_sizes` (pad with dummy rows), so compiles stay bounded.
+        `config.prefill_batch_sizes` (pad with dummy rows), so compiles stay bounded. adapters: with
+        `AdaptedParams`, each row's row of the adapter table (default all 0); the slots it is inserted into
+        decode with that adapter.
         """
         padded_tokens = np.asarray(padded_tokens, dtype=np.int32)
         rows = padded_tokens.shape[0] if padded_tokens.ndim == 2 else -1
@@ -244,6 +214,7 @@ class FlexEngine(EngineShapeFromConfig, engine_api.Engine):
             raise ValueError(f"need {rows} true_lengths and samplings, got {true_lengths.shape} / {len(samplings)}")
         if np.any(true_lengths < 1) or np.any(true_lengths > padded_tokens.shape[1]):
             raise ValueError(f"true_lengths {true_lengths.tolist()} must be in [1, {padded_tokens.shape[1]}]")
+        adapters = _adapter_rows(params, adapters, rows)
         samplings = [s or self.default_sampling for s in samplings]
         settings = (
             np.asarray([s.temperature for s in samplings], np.float32),
@@ -251,7 +222,7 @@ class FlexEngine(EngineShapeFromConfig, engine_api.Engine):
             np.asarray([s.top_p for s in samplings], np.float32),
             np.asarray([s.seed % (2**31) for s in samplings], np.int32),
         )
-        return self._prefill_jit(params, padded_tokens, true_lengths, *settings)
+        return self._prefill_jit(params, padded_tokens, true_lengths, *settings, adapters)
 
     def insert(self, prefix: Prefix, decode_state: DecodeState, slot: int, *, sample_index: int = 0,
                row: int = 0) -> DecodeState:
@@ -297,6 +268,19 @@ class FlexEngine(EngineShapeFromConfig, engine_api.Engine):
         CPU, so a tail of a few sequences no longer pays for all of them.
         """
         return self._generate_jit(params, decode_state, self.slot_bucket(live_slots))
+
+    def replace_adapter(self, params: AdaptedParams, index: int, adapter, spec: LoraSpec) -> AdaptedParams:
+        """`params` with row `index` of its adapter table replaced by `adapter` (a LoRA agent's new version;
+        its rank at most the table's), the base and every other row untouched. The table is written in place:
+        `params` must not be used afterwards. Slots decoding with another row are unaffected; a slot decoding
+        with row `index` would continue on the new weights, so a caller replaces only rows no slot uses
+        (rollout/loop.py keeps a spare row per agent for this)."""
+        if not isinstance(params, AdaptedParams):
+            raise TypeError(f"replace_adapter needs AdaptedParams (a base and an adapter table), got "
+                            f"{type(params).__name__}")
+        row = adapter_row(params.table, index, adapter, spec)
+        table = self._write_adapter_jit(params.table, np.int32(index), row, np.float32(spec.scale))
+        return AdaptedParams(params.base, table)
 
     def move_slots(self, decode_state: DecodeState, sources, destinations) -> DecodeState:
         """Moves what slots `sources` hold into the free slots `destinations` (our extension). The loop moves
@@ -381,14 +365,17 @@ class FlexEngine(EngineShapeFromConfig, engine_api.Engine):
             top_p=jnp.ones((slots,), jnp.float32),
             seed=zeros_i32,
             sample_index=zeros_i32,
+            adapter=zeros_i32,
         )
 
-    def _prefill_impl(self, params, padded_tokens, true_lengths, temperature, top_k, top_p, seed) -> Prefix:
+    def _prefill_impl(self, params, padded_tokens, true_lengths, temperature, top_k, top_p, seed,
+                      adapter) -> Prefix:
         rows, bucket = padded_tokens.shape
         mask = jnp.arange(bucket)[None, :] < true_lengths[:, None]
         cache = functional.init_cache(self.model_config, rows, bucket, self.cache_dtype)
-        logits, cache = functional.prefill(self.graphdef, params, padded_tokens, mask, cache,
-                                           logits_at=true_lengths - 1)
+        base, adapters = _base_and_adapters(params, adapter)
+        logits, cache = functional.prefill(self.graphdef, base, padded_tokens, mask, cache,
+                                           logits_at=true_lengths - 1, adapters=adapters)
         next_logits = logits[:, 0]
         return Prefix(
             cache=cache,
@@ -398,6 +385,7 @@ class FlexEngine(EngineShapeFromConfig, engine_api.Engine):
             top_k=top_k,
             top_p=top_p,
             seed=seed,
+            adapter=adapter,
         )
 
     def _insert_impl(self, prefix: Prefix, state: DecodeState, slots, sample_indices, rows) -> DecodeState:
@@ -432,6 +420,7 @@ class FlexEngine(EngineShapeFromConfig, engine_api.Engine):
             top_p=put(state.top_p, prefix.top_p),
             seed=put(state.seed, prefix.seed),
             sample_index=state.sample_index.at[slots].set(sample_indices, mode="drop"),
+            adapter=put(state.adapter, prefix.adapter),
         )
 
     def _generate_impl(self, params, state: DecodeState, live: int) -> tuple[DecodeState, LogProbResultTokens]:
@@ -443,7 +432,9 @@ class FlexEngine(EngineShapeFromConfig, engine_api.Engine):
         tokens, logprobs = sample_tokens(keys, head.next_logits, head.temperature, head.top_k, head.top_p)
         # Finished-but-not-yet-refilled slots keep stepping; clamp so they never index past the cache.
         write_positions = jnp.minimum(head.positions, self.config.cache_length - 1)
-        logits, cache = functional.decode_step(self.graphdef, params, tokens, write_positions, state.cache)
+        base, adapters = _base_and_adapters(params, head.adapter)
+        logits, cache = functional.decode_step(self.graphdef, base, tokens, write_positions, state.cache,
+                                               adapters=adapters)
         generated = head.generated + 1
         valid = head.positions < self.config.cache_length
         result = LogProbResultTokens.pack(tokens, logprobs, generated, valid, *self._raw_logprobs(head, tokens))
@@ -485,6 +476,24 @@ class FlexEngine(EngineShapeFromConfig, engine_api.Engine):
         vectors = jax.tree.map(lambda a: a.at[destinations].set(a[jnp.minimum(sources, a.shape[0] - 1)], mode="drop"),
                                state.replace(cache={}))
         return vectors.replace(cache=cache)
+
+
+def _base_and_adapters(params, rows) -> tuple[Any, AdapterBatch | None]:
+    """(the base params, the `AdapterBatch` of `rows` [B]) of `AdaptedParams`; (params, None) otherwise."""
+    if isinstance(params, AdaptedParams):
+        return params.base, AdapterBatch(params.table.weights, params.table.scales, rows)
+    return params, None
+
+
+def _adapter_rows(params, adapters, rows: int) -> np.ndarray:
+    """Each prompt's row of the adapter table, checked against the table (only row 0 without one)."""
+    count = params.adapters if isinstance(params, AdaptedParams) else 1
+    vector = np.zeros((rows,), np.int32) if adapters is None else np.asarray(adapters, np.int32)
+    if vector.shape != (rows,) or vector.min() < 0 or vector.max() >= count:
+        have = f"an adapter table of {count}" if isinstance(params, AdaptedParams) else "no adapter table"
+        raise ValueError(f"adapters {np.asarray(adapters).tolist()} must be {rows} indices in [0, {count}) "
+                         f"(the params have {have})")
+    return vector
 
 
 def _slot_key(seed, sample_index, step):

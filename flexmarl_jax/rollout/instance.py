@@ -17,6 +17,13 @@ DRAIN finishes them under the old weights (their results carry the old
 `policy_version`) before swapping; REQUEUE aborts them and restarts them from the
 prompt under the new weights. Either way no sequence mixes versions.
 
+Several LoRA agents on one engine. With `AdaptedParams` (one frozen base and a table of adapters) and
+`adapter_agents`, the instance serves every agent of a base group at once: a request names its agent
+(`RolloutRequest.agent`) and decodes with that agent's row of the table (`adapter_rows.AdapterRows`).
+`update_adapter(agent, adapter, spec, version)` syncs one agent's adapter alone: at the next step boundary it is
+written into the agent's spare row, and later requests decode with it. Nothing drains: the agent's sequences
+already decoding finish on their old row and version, and the other agents' sequences never stop.
+
 Locks. Two: `_lock` guards the hand-over state (incoming requests, pending weights, the published load figures)
 and is only ever held for a few lines; `_step_lock` serialises use of the rollout loop and is held for a
 whole engine step. `submit`, `load`, `update_params` and `has_work` take only the first, so a step that hangs
@@ -34,10 +41,14 @@ import time
 from typing import Any
 
 import jax
+from jax.sharding import NamedSharding, PartitionSpec
 
 from flexmarl_jax import faults
 from flexmarl_jax.models.functional import param_shardings
-from flexmarl_jax.rollout.engine import FlexEngine, pad_prompt
+from flexmarl_jax.models.lora import AdaptedParams, LoraSpec
+from flexmarl_jax.rollout.adapter_rows import AdapterRows
+from flexmarl_jax.rollout.engine import FlexEngine
+from flexmarl_jax.rollout.engine_tokenizer import pad_prompt
 from flexmarl_jax.rollout.loop import RolloutLoop, RolloutRequest
 from flexmarl_jax.rollout.progress import StepProgress
 from flexmarl_jax.rollout.settings import EngineConfig, VersionSwapPolicy
@@ -68,8 +79,16 @@ class EngineInstance:
         swap_policy: VersionSwapPolicy | str = VersionSwapPolicy.DRAIN,
         name: str = "instance",
         cancel_wait_s: float = 0.5,
+        adapter_agents: tuple[str, ...] = (),
     ):
         self.engine = engine
+        self._rows = AdapterRows(adapter_agents) if adapter_agents else None
+        if self._rows is not None and (not isinstance(params, AdaptedParams)
+                                       or params.adapters != self._rows.table_size):
+            raise ValueError(f"{name}: {len(adapter_agents)} adapter agents need AdaptedParams with a table of "
+                             f"{2 * len(adapter_agents)} rows (a current and a spare row each)")
+        if self._rows is None and isinstance(params, AdaptedParams):
+            raise ValueError(f"{name}: AdaptedParams need adapter_agents, the agent of each pair of rows")
         self.name = name
         self.swap_policy = VersionSwapPolicy(swap_policy)
         self._param_shardings = jax.tree.map(lambda x: x.sharding, params)
@@ -88,6 +107,8 @@ class EngineInstance:
         self._loop_load = self._read_loop_load()  # the loop's figures as of the last step boundary
         self._policy_version = policy_version
         self._pending_params: tuple[Any, int] | None = None
+        self._pending_adapters: dict[str, tuple[Any, LoraSpec, int]] = {}  # agent -> its next adapter version
+        self.adapter_versions: dict[str, int] = {}  # agent -> the version its new requests get (once synced)
         self._thread: threading.Thread | None = None
         self._stopping = False
         self._error: BaseException | None = None
@@ -105,12 +126,17 @@ class EngineInstance:
         mesh: jax.sharding.Mesh,
         **kwargs: Any,
     ) -> EngineInstance:
-        """Builds the engine on `mesh` and places `params` there (sharded by the model's rules)."""
-        params = jax.device_put(params, param_shardings(params, mesh))
+        """Builds the engine on `mesh` and places `params` there (sharded by the model's rules; an adapter
+        table of `AdaptedParams` replicated)."""
+        if isinstance(params, AdaptedParams):
+            base = jax.device_put(params.base, param_shardings(params.base, mesh))
+            params = AdaptedParams(base, jax.device_put(params.table, NamedSharding(mesh, PartitionSpec())))
+        else:
+            base = params = jax.device_put(params, param_shardings(params, mesh))
         # The instance serves its own params and swaps them on every sync; an engine that kept these for
         # `load_params` would hold a dead copy of the whole model from the first sync on.
         engine = FlexEngine(model_config, graphdef, engine_config, tokenizer, mesh=mesh,
-                            cache_dtype=jax.tree.leaves(params)[0].dtype)
+                            cache_dtype=jax.tree.leaves(base)[0].dtype)
         return cls(engine, params, **kwargs)
 
     # ------------------------------------------------------------------ requests
@@ -119,8 +145,11 @@ class EngineInstance:
         pad_prompt(request.prompt_ids, self.engine.config, self.engine.tokenizer.pad_id)
 
     def submit(self, request: RolloutRequest) -> None:
-        """Queues a request. Prompt errors (empty, too long) raise here, in the caller's thread."""
+        """Queues a request. Prompt errors (empty, too long) raise here, in the caller's thread, and so does
+        an agent this instance has no adapter for, where it serves several."""
         self.check_request(request)
+        if self._rows is not None:
+            self._rows.current(request.agent)  # an unknown agent raises
         with self._cond:
             if self._error is not None:
                 raise RuntimeError(f"{self.name} failed earlier: {self._error!r}")
@@ -177,6 +206,11 @@ class EngineInstance:
         return (repr(self.engine.model_config), repr(self.engine.config), tokenizer_identity(self.engine.tokenizer))
 
     @property
+    def adapter_agents(self) -> tuple[str, ...]:
+        """The LoRA agents this instance serves from its adapter table (none for a plain model)."""
+        return () if self._rows is None else self._rows.agents
+
+    @property
     def policy_version(self) -> int:
         return self._policy_version  # published at step boundaries (the loop's own is the step thread's)
 
@@ -207,11 +241,21 @@ class EngineInstance:
             self._pending_params = (params, int(version))
             self._cond.notify_all()
 
+    def update_adapter(self, agent: str, adapter: Any, spec: LoraSpec, version: int) -> None:
+        """Schedules `agent`'s new adapter for the next step boundary (see the module docstring): only its
+        bytes move, and neither the instance nor the other agents' sequences stop. Its rank must fit the table."""
+        if self._rows is None:
+            raise ValueError(f"{self.name} serves no adapter table; sync the whole params with update_params")
+        self._rows.current(agent)  # an unknown agent raises
+        with self._cond:
+            self._pending_adapters[agent] = (adapter, spec, int(version))
+            self._cond.notify_all()
+
     # ------------------------------------------------------------------ driving
     def has_work(self) -> bool:
         with self._cond:
             return (bool(self._incoming) or bool(self._admitting) or self._loop_load[3]
-                    or self._pending_params is not None)
+                    or self._pending_params is not None or bool(self._pending_adapters))
 
     def step(self) -> None:
         """One admission + generate + bookkeeping round (applies a pending weight swap when legal).
@@ -225,8 +269,9 @@ class EngineInstance:
             self.progress.begin()
             self._submitted = 0
             try:
+                self._maybe_swap_adapters()  # before admission: the new requests get the new versions
                 for request in self._admitting:
-                    self._loop.submit(request)
+                    self._loop.submit(request, 0 if self._rows is None else self._rows.current(request.agent))
                     self._submitted += 1
                 self._maybe_swap()
                 slow_since = self._injected_faults()
@@ -234,6 +279,7 @@ class EngineInstance:
                 if slow_since is not None:  # instance_slow: this step takes SLOWDOWN times as long
                     time.sleep((faults.SLOWDOWN - 1) * (time.perf_counter() - slow_since))
                 self._maybe_swap()
+                self._maybe_swap_adapters()
                 deliveries = self._loop.take_deliveries()
             except BaseException as error:
                 self._fail(error)
@@ -318,6 +364,24 @@ class EngineInstance:
             if self._pending_params is pending:  # a newer sync that landed meanwhile applies next
                 self._pending_params = None
         self.swaps += 1
+
+    def _maybe_swap_adapters(self) -> None:
+        """Writes each pending adapter into its agent's spare row and makes that row current; one whose spare
+        row sequences of two versions ago still decode with waits for them."""
+        with self._cond:
+            pending = dict(self._pending_adapters)
+        for agent, update in pending.items():
+            spare = self._rows.spare(agent)
+            if self._loop.sequences_on(spare):
+                continue
+            adapter, spec, version = update
+            self._loop.set_adapter(spare, adapter, spec, version)
+            self._rows.promote(agent)
+            with self._cond:
+                if self._pending_adapters.get(agent) is update:  # a newer one that landed meanwhile applies next
+                    del self._pending_adapters[agent]
+                self.adapter_versions[agent] = version
+            self.swaps += 1
 
     def _fail(self, error: BaseException) -> None:
         """Under the step lock: every request here gets `error`, and the instance takes no more."""

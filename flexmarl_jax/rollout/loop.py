@@ -33,7 +33,8 @@ from typing import Any
 
 import numpy as np
 
-from flexmarl_jax.rollout.engine import FlexEngine, Prefix, pad_prompt
+from flexmarl_jax.rollout.engine import FlexEngine, Prefix
+from flexmarl_jax.rollout.engine_tokenizer import pad_prompt
 from flexmarl_jax.rollout.requests import STOP_PATTERN_TOKENS, RolloutRequest, SequenceResult, TokenEvent
 
 __all__ = ["STOP_PATTERN_TOKENS", "RolloutLoop", "RolloutRequest", "SequenceResult", "TokenEvent"]
@@ -67,6 +68,7 @@ class _Work:
     prefix: Prefix | None = None  # kept while samples still wait for a slot (share_prefill)
     prefix_row: int = 0  # this prompt's row in `prefix`
     prefix_version: int = -1
+    adapter: int = 0  # the row of the engine's adapter table its samples decode with
     cancelled: bool = False
     pending_done: list | None = None  # every sample's result, until on_done is delivered
 
@@ -77,7 +79,9 @@ class RolloutLoop:
     Not thread-safe by itself: one thread calls `submit`/`step` (EngineInstance adds the
     locking and the thread). `params`/`policy_version` may be replaced between steps with
     `set_params`; callers are responsible for never doing so while sequences decode
-    (EngineInstance enforces that).
+    (EngineInstance enforces that). With `AdaptedParams` (several LoRA agents of one base), one row of the
+    adapter table may be replaced with `set_adapter` while sequences of the other rows decode; each row has its
+    own policy version, which its sequences report.
     """
 
     def __init__(self, engine: FlexEngine, params: Any, *, policy_version: int = 0, tokenizer: Any = None,
@@ -85,6 +89,7 @@ class RolloutLoop:
         self.engine = engine
         self.params = params
         self.policy_version = policy_version
+        self.adapter_versions: dict[int, int] = {}  # adapter row -> its version, where set_adapter replaced it
         self.tokenizer = tokenizer if tokenizer is not None else engine.tokenizer
         self.share_prefill = share_prefill
         self._state = engine.init_decode_state()
@@ -101,13 +106,17 @@ class RolloutLoop:
         self.generated_tokens = 0
 
     # ---------------------------------------------------------------- submission
-    def submit(self, request: RolloutRequest) -> int:
-        """Queues a request; returns its ticket. Raises ValueError for a prompt that fits no bucket."""
+    def submit(self, request: RolloutRequest, adapter: int = 0) -> int:
+        """Queues a request; returns its ticket. Raises ValueError for a prompt that fits no bucket. `adapter`:
+        with `AdaptedParams` (several LoRA agents of one base), the row of the adapter table its samples decode
+        with."""
         padded, true_length = pad_prompt(request.prompt_ids, self.engine.config, self.tokenizer.pad_id)
+        if isinstance(adapter, bool) or not isinstance(adapter, int) or adapter < 0:
+            raise ValueError(f"adapter={adapter!r} must be an int >= 0 (a row of the engine's adapter table)")
         work = _Work(
             ticket=next(self._tickets), request=request, prompt_ids=tuple(int(t) for t in padded[:true_length]),
             padded_prompt=padded, true_length=true_length,
-            waiting=collections.deque(), results={},
+            waiting=collections.deque(), results={}, adapter=adapter,
         )
         work.waiting.extend(_Sequence(work=work, sample_index=i) for i in range(request.num_samples))
         self._queue.append(work)
@@ -189,15 +198,18 @@ class RolloutLoop:
             if max_steps is not None and steps >= max_steps:
                 raise RuntimeError(f"rollout loop still busy after {max_steps} steps")
 
-    def generate(self, requests: Sequence[RolloutRequest]) -> list[list[SequenceResult]]:
-        """Convenience: runs `requests` to completion and returns their results in order."""
+    def generate(self, requests: Sequence[RolloutRequest], adapters: Sequence[int] | None = None
+                 ) -> list[list[SequenceResult]]:
+        """Convenience: runs `requests` (each on its row of `adapters`, default 0) to completion and returns
+        their results in order."""
         outputs: dict[int, list[SequenceResult]] = {}
-        for index, request in enumerate(requests):
+        adapters = [0] * len(requests) if adapters is None else list(adapters)
+        for index, (request, adapter) in enumerate(zip(requests, adapters, strict=True)):
             def done(results, index=index, user=request.on_done):
                 outputs[index] = results
                 if user is not None:
                     user(results)
-            self.submit(dataclasses.replace(request, on_done=done))
+            self.submit(dataclasses.replace(request, on_done=done), adapter)
         self.run_until_idle()
         return [outputs[i] for i in range(len(requests))]
 
@@ -235,8 +247,33 @@ class RolloutLoop:
             raise RuntimeError("set_params while sequences are decoding would mix policy versions")
         self.params = params
         self.policy_version = policy_version
+        self.adapter_versions = {}
         for work in self._queue:  # prefixes computed under the old weights are stale
             work.prefix = None
+
+    def set_adapter(self, row: int, adapter: Any, spec: Any, policy_version: int) -> None:
+        """Replaces row `row` of the adapter table (a LoRA agent's new version) between steps, while sequences
+        of the other rows go on decoding. Only legal while no sequence decodes with that row: its tokens would
+        mix two versions. A caller that must not wait for them writes the new version into a spare row
+        instead, and later requests name that row (their old sequences finish on their own version). Requests still
+        queued for row `row` decode under the new version."""
+        busy = self.sequences_on(row)
+        if busy:
+            raise RuntimeError(f"set_adapter({row}) while {busy} sequences decode with that row would mix policy "
+                               "versions; write the new version into a row no sequence uses")
+        self.params = self.engine.replace_adapter(self.params, row, adapter, spec)
+        self.adapter_versions[row] = policy_version
+        for work in self._queue:  # prefixes computed under the old adapter are stale
+            if work.adapter == row:
+                work.prefix = None
+
+    def sequences_on(self, row: int) -> int:
+        """How many sequences decode with adapter row `row` now."""
+        return sum(1 for sequence in self._slots if sequence is not None and sequence.work.adapter == row)
+
+    def version_of(self, row: int) -> int:
+        """The policy version sequences of adapter row `row` decode under."""
+        return self.adapter_versions.get(row, self.policy_version)
 
     def abort_active(self) -> int:
         """Drops every in-flight sequence and puts it back at the front of its request's queue.
@@ -275,16 +312,17 @@ class RolloutLoop:
                 rows = next(b for b in self.engine.config.prefill_batch_sizes if b >= len(group))
                 bucket = group[0].padded_prompt.shape[0]
                 padded = np.zeros((rows, bucket), np.int32)
-                lengths, samplings = [1] * rows, [None] * rows  # unused rows are dummies
+                lengths, samplings, adapters = [1] * rows, [None] * rows, [0] * rows  # unused rows are dummies
                 for row, work in enumerate(group):
                     padded[row], lengths[row] = work.padded_prompt, work.true_length
-                    samplings[row] = work.request.sampling
-                prefix = self.engine.prefill_batch(self.params, padded, lengths, samplings)
+                    samplings[row], adapters[row] = work.request.sampling, work.adapter
+                prefix = self.engine.prefill_batch(self.params, padded, lengths, samplings, adapters)
                 free = self._insert(group, prefix, list(range(len(group))), free)
             self._queue = collections.deque(w for w in self._queue if w.waiting and not w.cancelled)
 
     def _has_current_prefix(self, work: _Work) -> bool:
-        return self.share_prefill and work.prefix is not None and work.prefix_version == self.policy_version
+        return (self.share_prefill and work.prefix is not None
+                and work.prefix_version == self.version_of(work.adapter))
 
     def _prefill_group(self, free_slots: int) -> list[_Work]:
         """The head request plus queued requests of its bucket, as many as one prefill call takes
@@ -320,14 +358,15 @@ class RolloutLoop:
                 prefix_rows.append(row)
                 started.append(sequence)
             if work.waiting and self.share_prefill:
-                work.prefix, work.prefix_row, work.prefix_version = prefix, row, self.policy_version
+                work.prefix, work.prefix_row = prefix, row
+                work.prefix_version = self.version_of(work.adapter)
             else:
                 work.prefix = None
         if slots:
             self._state = self.engine.insert_many(prefix, self._state, slots, indices, prefix_rows)
         for slot, sequence in zip(slots, started, strict=True):
             sequence.slot = slot
-            sequence.policy_version = self.policy_version
+            sequence.policy_version = self.version_of(sequence.work.adapter)
             self._slots[slot] = sequence
         return free[len(slots):]
 

@@ -22,7 +22,9 @@ class RolloutRequest:
     tokenizer; the tokens are kept whole, cutting the text is the caller's). stop_pattern: a regex; end once the
     decoded last STOP_PATTERN_TOKENS tokens hold a match ('' = none). ignore_eos: only max_new_tokens (and
     the explicit stops) end a sequence, for fixed-length benchmarks. on_tokens: called with a `TokenEvent`
-    per sample each step that gave it tokens (deferred like on_done under `defer_callbacks`).
+    per sample each step that gave it tokens (deferred like on_done under `defer_callbacks`). agent: the
+    agent it is for, on an instance that serves several LoRA agents of one base from one engine (their
+    adapters in one table, rollout/instance.py); "" elsewhere.
     """
 
     prompt_ids: tuple[int, ...]
@@ -36,6 +38,7 @@ class RolloutRequest:
     on_done: Callable[[list[SequenceResult]], None] | None = None
     on_error: Callable[[BaseException], None] | None = None
     on_tokens: Callable[[TokenEvent], None] | None = None
+    agent: str = ""
 
     def __post_init__(self) -> None:
         if len(self.prompt_ids) == 0:

@@ -11,7 +11,8 @@ import numpy as np
 import pytest
 from scipy import stats
 
-from flexmarl_jax.rollout.engine import FlexEngine, SlotSampling, pad_prompt
+from flexmarl_jax.rollout.engine import FlexEngine, SlotSampling
+from flexmarl_jax.rollout.engine_tokenizer import pad_prompt
 from flexmarl_jax.rollout.loop import RolloutLoop, RolloutRequest
 from flexmarl_jax.rollout.sampling import sampling_log_probs
 from flexmarl_jax.rollout.settings import validate_sampling

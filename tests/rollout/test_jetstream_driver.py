@@ -63,7 +63,7 @@ def test_driver_returns_the_in_process_loops_greedy_tokens(engine, tiny_model):
 
 
 def test_result_tokens_with_logprobs_work_with_jetstream_helpers(engine, tiny_model):
-    from flexmarl_jax.rollout.engine import pad_prompt
+    from flexmarl_jax.rollout.engine_tokenizer import pad_prompt
 
     padded, length = pad_prompt(tiny_model.tokenizer.encode("hi"), engine.config, 0)
 
@@ -119,7 +119,7 @@ def test_insert_does_not_alias_the_prefill_buffers_the_driver_deletes(engine, ti
     import jax
     import numpy as np
 
-    from flexmarl_jax.rollout.engine import pad_prompt
+    from flexmarl_jax.rollout.engine_tokenizer import pad_prompt
 
     def first_tokens(delete_prefix: bool) -> list[int]:
         state = engine.init_decode_state()
