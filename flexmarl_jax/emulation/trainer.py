@@ -67,6 +67,7 @@ class EmulatedTrainer:
         self.policy_version = 0
         self.pending_micro_batches = 0
         self.params = placeholder_params()  # what a weight sync sends (its cost is the sync's own)
+        self.rollout_weights = self.params
         self.charges: list[Charge] = []
         self._lease = None
         self._lock = threading.RLock()

@@ -22,6 +22,7 @@ per group.)
 from __future__ import annotations
 
 import dataclasses
+import functools
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -262,6 +263,17 @@ class AdaptedParams:
     @property
     def adapters(self) -> int:
         return int(self.table.scales.shape[0])
+
+
+@functools.partial(jax.tree_util.register_dataclass, data_fields=["adapter"], meta_fields=["spec"])
+@dataclasses.dataclass(frozen=True)
+class AgentAdapter:
+    """What a LoRA agent's weight sync sends: its adapter tree and spec, not the model. The engines of its base
+    group hold the base once and write this into the agent's row of their table (rollout/instance.py). A pytree
+    (the spec static), so the weight sync's StateStore stages it like any params."""
+
+    adapter: Any
+    spec: LoraSpec
 
 
 def project_with_adapter(target: str, x: jax.Array, w: jax.Array, adapter=None) -> jax.Array:

@@ -204,7 +204,7 @@ class JointOrchestrator:
             if self._synced.get(agent) == trainer.policy_version:
                 continue
             with self.timeline.busy(f"train/{agent}", "sync", agent=agent):
-                self.sync_weights(agent, trainer.params, trainer.policy_version)
+                self.sync_weights(agent, trainer.rollout_weights, trainer.policy_version)
             self._synced[agent] = trainer.policy_version
             self.timeline.record_policy_version(agent, trainer.policy_version)
             if self.checker is not None:

@@ -16,15 +16,19 @@ pipeline.balance_poll_s, rollout.min_instances_per_agent.
 from __future__ import annotations
 
 import dataclasses
+import json
 import threading
 from collections.abc import Callable, Mapping
 from typing import Any
 
 import jax
+import numpy as np
+from jax.sharding import NamedSharding, PartitionSpec
 
 from flexmarl_jax.config import RunConfig
 from flexmarl_jax.metrics import Timeline
 from flexmarl_jax.models.functional import param_shardings
+from flexmarl_jax.models.lora import AdaptedParams, adapter_table
 from flexmarl_jax.orchestrator.agents import AgentRuntime
 from flexmarl_jax.rollout.backend import EngineBackend
 from flexmarl_jax.rollout.balancer import InstanceBalancer
@@ -108,6 +112,7 @@ def start_engines(config: RunConfig, runtimes: Mapping[str, AgentRuntime], timel
     """
     started: dict[str, AgentRuntime] = {}
     weights: dict[str, tuple[Any, int]] = {}
+    groups = lora_base_groups(runtimes)
     number = 0
     for agent, runtime in runtimes.items():
         trainer, devices = runtime.trainer, runtime.devices
@@ -117,27 +122,64 @@ def start_engines(config: RunConfig, runtimes: Mapping[str, AgentRuntime], timel
         if not local_groups:
             raise RuntimeError(f"process {jax.process_index()} holds no rollout instance of agent {agent!r}; "
                                f"its device groups: {devices.rollout_groups}")
-        shardings = param_shardings(trainer.params, devices.rollout_mesh(local_groups[0]))
-        spanning = any(spans_processes(leaf) for leaf in jax.tree.leaves(trainer.params))
-        params = across_processes.put(trainer.params, shardings) if spanning else trainer.params
+        if agent in groups:
+            served = _group_params(runtimes, groups[agent])
+            shardings = NamedSharding(devices.rollout_mesh(local_groups[0]), PartitionSpec())  # adapters replicated
+            params = trainer.rollout_weights  # what its sync sends: the adapter
+            extra = {"adapter_agents": groups[agent]}
+        else:
+            shardings = param_shardings(trainer.params, devices.rollout_mesh(local_groups[0]))
+            spanning = any(spans_processes(leaf) for leaf in jax.tree.leaves(trainer.params))
+            served = params = across_processes.put(trainer.params, shardings) if spanning else trainer.params
+            extra = {}
         instances = []
         for group in range(len(devices.rollout_groups)):
             if group in local_groups:
-                instance = TimedInstance.create(runtime.model_config, trainer.graphdef, params, engine_config,
+                instance = TimedInstance.create(runtime.model_config, trainer.graphdef, served, engine_config,
                                                 runtime.tokenizer, mesh=devices.rollout_mesh(group),
-                                                policy_version=trainer.policy_version, name=f"instance{number}")
+                                                policy_version=trainer.policy_version, name=f"instance{number}",
+                                                **extra)
                 instances.append(instance.attach(timeline, agent))
             number += 1
         started[agent] = dataclasses.replace(runtime, instances=tuple(instances), rollout_shardings=shardings)
         weights[agent] = (params, trainer.policy_version)
-    return started, backend_for(config, started, timeline, weights)
+    return started, backend_for(config, started, timeline, weights, groups)
+
+
+def lora_base_groups(runtimes: Mapping[str, AgentRuntime]) -> dict[str, tuple[str, ...]]:
+    """LoRA agent -> the LoRA agents of its base group (the same base record: checkpoint directory and digest,
+    or preset and seed), in team order. One engine instance serves a whole group: the base once, and a current
+    and a spare row of its adapter table per agent (rollout/instance.py)."""
+    by_base: dict[str, list[str]] = {}
+    for agent, runtime in runtimes.items():
+        if runtime.trainer.base_params is not None:
+            by_base.setdefault(json.dumps(runtime.trainer.base_record, sort_keys=True), []).append(agent)
+    groups = {agent: tuple(members) for members in by_base.values() for agent in members}
+    if groups and jax.process_count() > 1:
+        raise ValueError(f"LoRA agents {sorted(groups)} share their base's engines within one process; a run of "
+                         f"{jax.process_count()} processes trains only full fine-tunes (agents.<name>.lora.rank=0)")
+    return groups
+
+
+def _group_params(runtimes: Mapping[str, AgentRuntime], group: tuple[str, ...]) -> AdaptedParams:
+    """What a base group's instance starts from: the base once, and each agent's adapter in both of its rows
+    (current and spare), zero-padded to the group's largest rank."""
+    weights = [runtimes[agent].trainer.rollout_weights for agent in group]
+    # Each adapter lives on its own trainer's mesh: the table is stacked on the host, then placed on the engine's.
+    adapters = [jax.tree.map(np.asarray, w.adapter) for w in weights]
+    table = adapter_table([a for a in adapters for _ in range(2)], [w.spec for w in weights for _ in range(2)])
+    return AdaptedParams(runtimes[group[0]].trainer.base_params, table)
 
 
 def backend_for(config: RunConfig, started: Mapping[str, AgentRuntime], timeline: Timeline,
-                weights: dict[str, tuple[Any, int]]) -> RolloutHandle:
+                weights: dict[str, tuple[Any, int]], groups: Mapping[str, tuple[str, ...]] | None = None
+                ) -> RolloutHandle:
     """The team's backend over the runtimes' instances: the router in every mode (failover), plus the balancer
-    with `pipeline.balancing` in the flexmarl mode. `weights`: agent -> (params, version) its instances serve now."""
-    instances = {agent: list(runtime.instances) for agent, runtime in started.items()}
+    with `pipeline.balancing` in the flexmarl mode. `weights`: agent -> (params, version) its instances serve now.
+    `groups` (`lora_base_groups`): a LoRA agent is served by every instance of its base group."""
+    groups = groups or {}
+    instances = {agent: [instance for member in groups.get(agent, (agent,)) for instance in started[member].instances]
+                 for agent in started}
     every_instance = tuple(instance for runtime in started.values() for instance in runtime.instances)
     tokenizers = {agent: runtime.tokenizer for agent, runtime in started.items()}
     backend, balancer = build_routed_backend(config, instances, tokenizers, timeline, weights)

@@ -30,7 +30,7 @@ import jax
 import numpy as np
 from jax.sharding import Mesh
 
-from flexmarl_jax.models.lora import merge_adapter
+from flexmarl_jax.models.lora import AgentAdapter, merge_adapter
 from flexmarl_jax.orchestrator.allocation import TrainerResidency
 from flexmarl_jax.train.slice_pool import TrainingSlicePool
 from flexmarl_jax.train.trainer import AgentTrainer
@@ -139,6 +139,17 @@ class PooledTrainer:
             if "base" in state:  # a LoRA agent: its base with the adapter merged
                 return jax.tree.map(_host_copy, merge_adapter(state["base"], state["trainable"]["adapters"],
                                                               self._trainer.config.lora))
+            return jax.tree.map(_host_copy, state["trainable"]["policy"])
+
+    @property
+    def rollout_weights(self):
+        """What a weight sync sends, as a host copy: the policy parameters, or a LoRA agent's adapter alone."""
+        with self._lock:
+            if self._active is not None:
+                return jax.tree.map(_host_copy, self._trainer.rollout_weights)
+            state = self._shared.residency.read(self.agent)
+            if "base" in state:
+                return jax.tree.map(_host_copy, AgentAdapter(state["trainable"]["adapters"], self._trainer.config.lora))
             return jax.tree.map(_host_copy, state["trainable"]["policy"])
 
     def checkpoint_state(self) -> dict:

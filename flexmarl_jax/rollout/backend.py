@@ -81,6 +81,7 @@ class EngineBackend:
             stop_pattern=sampling.stop_pattern,
             on_done=on_done,
             on_error=future.set_exception,
+            agent=request.agent,  # an instance serving several LoRA agents decodes it with this agent's adapter
         )
         self._send(request.agent, rollout_request, request.request_id)
         return future

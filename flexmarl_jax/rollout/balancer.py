@@ -119,7 +119,7 @@ class InstanceBalancer:
             if donor == receiver or lengths[receiver] - lengths[donor] <= self.delta:
                 continue
             candidates = sorted(
-                (m for m in members if m.state == SERVING and m.agent == donor
+                (m for m in members if m.state == SERVING and m.agent == donor and not m.shared
                  and now - m.migrated_at >= self.cooldown_s and m.architecture == receiver_arch),
                 key=lambda m: (m.samples, m.name))  # the emptiest drains fastest
             spare = counts[donor] - self.min_instances

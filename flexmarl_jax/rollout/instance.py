@@ -45,7 +45,7 @@ from jax.sharding import NamedSharding, PartitionSpec
 
 from flexmarl_jax import faults
 from flexmarl_jax.models.functional import param_shardings
-from flexmarl_jax.models.lora import AdaptedParams, LoraSpec
+from flexmarl_jax.models.lora import AdaptedParams, AgentAdapter, LoraSpec
 from flexmarl_jax.rollout.adapter_rows import AdapterRows
 from flexmarl_jax.rollout.engine import FlexEngine
 from flexmarl_jax.rollout.engine_tokenizer import pad_prompt
@@ -200,10 +200,11 @@ class EngineInstance:
         return self.engine.max_concurrent_decodes
 
     @property
-    def architecture(self) -> tuple[str, str, str]:
+    def architecture(self) -> tuple:
         """The model, engine config and tokenizer: an instance can serve another agent only if they match (its
         weights must fit the model, and that agent's prompts are tokenised with that agent's tokenizer)."""
-        return (repr(self.engine.model_config), repr(self.engine.config), tokenizer_identity(self.engine.tokenizer))
+        return (repr(self.engine.model_config), repr(self.engine.config), tokenizer_identity(self.engine.tokenizer),
+                self.adapter_agents)  # an instance of a base group serves its group's table, not another model
 
     @property
     def adapter_agents(self) -> tuple[str, ...]:
@@ -228,8 +229,14 @@ class EngineInstance:
         """Schedules new weights for the next step boundary (see the module docstring).
 
         `params` must match the current params' structure, shapes and dtypes; they are placed
-        on this instance's shardings (a transfer, never a recompile).
+        on this instance's shardings (a transfer, never a recompile). An instance with an adapter table for a
+        single agent takes that agent's `AgentAdapter` here (`update_agent_params` for one of several).
         """
+        if isinstance(params, AgentAdapter):
+            if self._rows is None or len(self._rows.agents) != 1:
+                raise ValueError(f"{self.name}: an AgentAdapter needs its agent named (update_agent_params) on an "
+                                 f"instance serving adapter agents {list(self.adapter_agents)}")
+            return self.update_agent_params(self._rows.agents[0], params, version)
         signature = _signature(params)
         if signature != self._param_signature:
             raise ValueError(
@@ -240,6 +247,14 @@ class EngineInstance:
         with self._cond:
             self._pending_params = (params, int(version))
             self._cond.notify_all()
+
+    def update_agent_params(self, agent: str, params: AgentAdapter, version: int) -> None:
+        """A router's weight sync for `agent`, one of the agents this instance serves from its adapter table:
+        `params` is the agent's `AgentAdapter` (a LoRA agent's sync sends its adapter only)."""
+        if not isinstance(params, AgentAdapter):
+            raise ValueError(f"{self.name} serves {agent!r} from an adapter table: its weight sync sends an "
+                             f"AgentAdapter, not {type(params).__name__}")
+        self.update_adapter(agent, params.adapter, params.spec, version)
 
     def update_adapter(self, agent: str, adapter: Any, spec: LoraSpec, version: int) -> None:
         """Schedules `agent`'s new adapter for the next step boundary (see the module docstring): only its

@@ -59,6 +59,11 @@ class RoutableInstance(Protocol):
         """Serve these weights (policy `version`) from its next step boundary on."""
         ...
 
+    def update_agent_params(self, agent: str, params: Any, version: int) -> None:
+        """Serve these weights for `agent`, one of several agents it serves at once (a LoRA base group's
+        engine: `params` is the agent's `AgentAdapter`). Only called on an instance listed under several agents."""
+        ...
+
     def cancel(self, request: RolloutRequest) -> bool:
         """Withdraws a submitted request (the same object) so that its callbacks never run and its slots
         free up. Returns False when it cannot: already finished, unknown, or cancelling unsupported, in

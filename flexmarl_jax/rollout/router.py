@@ -62,7 +62,10 @@ class RequestRouter:
     """Per-agent queues and least-loaded dispatch over `instances[agent]`.
 
     Args:
-      instances: agent -> its instances (at least one each; names unique).
+      instances: agent -> its instances (at least one each; names unique). One instance listed under several
+        agents serves them all at once (a LoRA base group's engine, `EngineInstance(adapter_agents=)`): its load
+        is shared by their requests, each agent's weight sync reaches it through `update_agent_params`, and it
+        never moves between agents.
       timeout_s: a dispatched attempt older than this is cancelled and re-queued (None: never).
       max_retries: re-queues allowed per request after timeouts or instance errors (>= 0).
         A run passes both from its config (`routing_settings.router_settings_for`).
@@ -95,19 +98,24 @@ class RequestRouter:
         self._weights_provider = weights_provider or self.current_weights
         self._attempt_ids = itertools.count()
         self.stats = collections.Counter()  # submitted / completed / timeouts / retries / failed / migrations
+        serves: dict[str, list[str]] = {}  # instance name -> the agents it is listed under
         for agent, agent_instances in instances.items():
             if not agent_instances:
                 raise ValueError(f"agent {agent!r} has no engine instance; every agent needs at least one")
             self._queues[agent] = collections.deque()
             for instance in agent_instances:
-                if instance.name in self._members:
+                known = self._members.get(instance.name)
+                if known is not None and known.instance is not instance:
                     raise ValueError(f"instance name {instance.name!r} is used twice; names must be unique")
-                capacity = int(instance.capacity)
-                if capacity < 1:
-                    raise ValueError(f"instance {instance.name!r} has capacity {capacity}; needs >= 1")
-                member = Member(instance, agent, capacity, instance.architecture)
-                self._members[instance.name] = member
-                self._loads.track(member)
+                serves.setdefault(instance.name, []).append(agent)
+                if known is None:
+                    capacity = int(instance.capacity)
+                    if capacity < 1:
+                        raise ValueError(f"instance {instance.name!r} has capacity {capacity}; needs >= 1")
+                    self._members[instance.name] = Member(instance, agent, capacity, instance.architecture)
+        for name, member in self._members.items():
+            member.serves = tuple(serves[name])
+            self._loads.track(member)
 
     # ------------------------------------------------------------------ queries
     @property
@@ -127,7 +135,7 @@ class RequestRouter:
         """Instances serving `agent` now (with `include_incoming`, also those being moved to it)."""
         with self._lock:
             return [m.instance for m in self._members.values()
-                    if (m.state == SERVING and m.agent == agent)
+                    if (m.state == SERVING and agent in m.serves)
                     or (include_incoming and m.state in (DRAINING, LOADING) and m.target_agent == agent)]
 
     def num_instances(self, agent: str) -> int:
@@ -168,7 +176,7 @@ class RequestRouter:
         if agent not in self._queues:
             raise ValueError(f"unknown agent {agent!r}; served agents: {sorted(self._queues)}")
         for member in self._members.values():
-            if member.agent == agent:
+            if agent in member.serves:
                 member.instance.check_request(request)  # a bad prompt raises here, in the caller's thread
                 break
         future: concurrent.futures.Future = concurrent.futures.Future()
@@ -217,7 +225,7 @@ class RequestRouter:
 
     def _take_out(self, member: Member, reason: str) -> None:
         """Marks `member` broken and re-queues (or fails) every live request it holds; never calls it."""
-        resolutions, agents = [], {member.agent}
+        resolutions, agents = [], set(member.serves)
         with self._lock:
             if member.state == BROKEN:
                 return
@@ -283,9 +291,12 @@ class RequestRouter:
                 raise ValueError(f"unknown agent {agent!r}; served agents: {sorted(self._queues)}")
             self._weights[agent] = (params, int(version))
             self._weights_generation[agent] += 1
-            targets = [m.instance for m in self._members.values() if m.state == SERVING and m.agent == agent]
-        for instance in targets:
-            instance.update_params(params, version)
+            targets = [m for m in self._members.values() if m.state == SERVING and agent in m.serves]
+        for member in targets:
+            if member.shared:
+                member.instance.update_agent_params(agent, params, version)
+            else:
+                member.instance.update_params(params, version)
 
     # ------------------------------------------------------------------ migration
     def add_migration_listener(self, listener: Callable[[RoutableInstance, str, str], None]) -> None:
@@ -307,6 +318,9 @@ class RequestRouter:
                 raise ValueError(f"unknown instance {instance_name!r}; instances: {sorted(self._members)}")
             if member.state != SERVING:
                 raise ValueError(f"instance {instance_name!r} is {member.state}; only a serving instance can move")
+            if member.shared:
+                raise ValueError(f"instance {instance_name!r} serves {list(member.serves)} at once (a LoRA base "
+                                 "group's engine); it does not move between agents")
             if member.agent == to_agent:
                 raise ValueError(f"instance {instance_name!r} already serves {to_agent!r}")
             peers = [m for m in self._members.values() if m.state != BROKEN and m is not member
@@ -349,6 +363,7 @@ class RequestRouter:
                     continue
                 from_agent = member.agent
                 member.agent, member.target_agent, member.state = to_agent, None, SERVING
+                member.serves = (to_agent,)
                 member.migrated_at = self.clock()
                 self.stats["migrations"] += 1
                 self._loads.push(member)
@@ -420,12 +435,12 @@ class RequestRouter:
                 self.stats["completed"] += 1
                 resolutions.append((job, results, None))
             drained = member.state == DRAINING and not member.inflight
-            agent = member.agent
+            agents = member.serves
         self._resolve(resolutions)
         if drained:
             self._finish_migration(member)
         else:
-            self._dispatch([agent])
+            self._dispatch(agents)
 
     def _on_error(self, member: Member, attempt_id: int, error: BaseException) -> None:
         """The instance failed this attempt: it is taken out of routing, the request retried elsewhere."""

@@ -56,9 +56,12 @@ class Member:
     since they occupy slots until the instance lets go of them)."""
 
     instance: RoutableInstance
-    agent: str
+    agent: str  # the agent it serves (the first of `serves` for an instance shared by several)
     capacity: int
     architecture: Hashable
+    # Every agent it serves: an instance of a LoRA base group serves each agent of the group from one engine
+    # (its adapter table); its load is one, shared by their requests, and it never moves.
+    serves: tuple[str, ...] = ()
     state: str = SERVING
     target_agent: str | None = None
     inflight: dict[int, Attempt] = dataclasses.field(default_factory=dict)
@@ -70,9 +73,17 @@ class Member:
     # memory of when this instance last made progress (None while it holds none).
     watch: tuple[int, float] | None = None
 
+    def __post_init__(self):
+        self.serves = tuple(self.serves) or (self.agent,)
+
     @property
     def name(self) -> str:
         return self.instance.name
+
+    @property
+    def shared(self) -> bool:
+        """Whether it serves several agents at once (a base group's instance)."""
+        return len(self.serves) > 1
 
     def key(self) -> tuple[int, int]:
         return (self.tokens, self.samples)
@@ -114,9 +125,10 @@ class LoadHeaps:
         self.push(member)
 
     def push(self, member: Member) -> None:
-        """(Re-)enters `member` at its current load under its current agent; older entries go stale."""
+        """(Re-)enters `member` at its current load under every agent it serves; older entries go stale."""
         member.version += 1
-        heapq.heappush(self._heaps[member.agent], (member.key(), next(self._ties), member.version, member))
+        for agent in member.serves:
+            heapq.heappush(self._heaps[agent], (member.key(), next(self._ties), member.version, member))
 
     def pick(self, agent: str, samples: int) -> Member | None:
         """The least-loaded serving instance of `agent` with room for `samples`."""
@@ -140,4 +152,4 @@ class LoadHeaps:
 def _live(entry: tuple, agent: str) -> bool:
     """Whether a heap entry still describes its member: same load version, serving, and serving `agent`."""
     member = entry[3]
-    return entry[2] == member.version and member.state == SERVING and member.agent == agent
+    return entry[2] == member.version and member.state == SERVING and agent in member.serves

@@ -29,7 +29,11 @@ class Trainer(Protocol):
 
     @property
     def params(self) -> Any:
-        """The policy parameters a weight sync sends."""
+        """The policy parameters (a LoRA agent's with its adapter merged)."""
+
+    @property
+    def rollout_weights(self) -> Any:
+        """What a weight sync sends: the policy parameters, or a LoRA agent's `AgentAdapter` alone."""
 
     def activate(self) -> None:
         """Holds training devices before a micro-batch (a shared slice; nothing for a dedicated mesh)."""

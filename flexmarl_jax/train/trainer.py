@@ -42,7 +42,7 @@ from jax.sharding import Mesh
 from flexmarl_jax.mesh.meshes import make_mesh
 from flexmarl_jax.models import functional
 from flexmarl_jax.models.config import ModelConfig
-from flexmarl_jax.models.lora import init_adapters
+from flexmarl_jax.models.lora import AgentAdapter, init_adapters
 from flexmarl_jax.train.batch import ARRAY_FIELDS, MicroBatch, validate_micro_batch
 from flexmarl_jax.train.optim import OptimizerConfig
 from flexmarl_jax.train.steps import steps_for
@@ -136,6 +136,21 @@ class AgentTrainer:
         if self._base is not None:
             return self._steps.policy_params_step(self._trainable, self._base)
         return self._trainable["policy"]
+
+    @property
+    def rollout_weights(self):
+        """What a weight sync sends to the agent's engines: the policy parameters, or for a LoRA agent its adapter
+        alone (`AgentAdapter`): its base group's engines hold the base already."""
+        self._check_attached()
+        if self._base is not None:
+            return AgentAdapter(self._trainable["adapters"], self.config.lora)
+        return self._trainable["policy"]
+
+    @property
+    def base_params(self):
+        """A LoRA agent's frozen base (what its group's engines serve under the adapters); None otherwise."""
+        self._check_attached()
+        return self._base
 
     @property
     def adapters(self):
