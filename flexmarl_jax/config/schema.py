@@ -14,7 +14,6 @@ This module does not use `from __future__ import annotations`: the field types a
 
 import dataclasses
 import json
-import os
 from collections.abc import Mapping
 from typing import Any
 
@@ -28,6 +27,7 @@ from flexmarl_jax.config.fields import (
     positive,
     setting,
 )
+from flexmarl_jax.config.lora_groups import lora_base_groups
 from flexmarl_jax.config.modes import PIPELINE_MODES
 from flexmarl_jax.config.rules import (
     algorithm_names,
@@ -463,17 +463,18 @@ class RunConfig(Section):
                               "(the number of agents; 0 = a dedicated training slice per agent)")
 
     def _check_lora_groups(self) -> None:
-        """LoRA agents of one `model` share one frozen base (a base group), so they must agree on its dtype."""
-        dtypes: dict[str, tuple[str, str]] = {}
-        for name, agent in self.agents.items():
-            if not agent.lora.enabled:
-                continue
-            base = os.path.realpath(agent.model) if os.path.isdir(agent.model) else agent.model
-            first = dtypes.setdefault(base, (name, agent.dtype))
-            if first[1] != agent.dtype:
-                raise ConfigError(f"config.agents.{name}.dtype={agent.dtype!r} differs from agents.{first[0]}.dtype="
-                                  f"{first[1]!r}: LoRA agents of model {agent.model!r} share one frozen base, in one "
-                                  "dtype")
+        """LoRA agents of one `model` share one frozen base (a base group), so they must agree on its dtype; and
+        a group's engines serve it within one process."""
+        for name, group in lora_base_groups(self).items():
+            leader = self.agents[group[0]]
+            if self.agents[name].dtype != leader.dtype:
+                raise ConfigError(f"config.agents.{name}.dtype={self.agents[name].dtype!r} differs from agents."
+                                  f"{group[0]}.dtype={leader.dtype!r}: LoRA agents of model {leader.model!r} share "
+                                  "one frozen base, in one dtype")
+            if self.distributed.enabled:
+                raise ConfigError(f"config.agents.{name}.lora.rank={self.agents[name].lora.rank} with "
+                                  "distributed.enabled=True: a LoRA base group's engines serve it within one process; "
+                                  "train full models (lora.rank=0) across processes")
 
     def _check_distributed(self) -> None:
         """Several processes replay one deterministic rollout each, on their own instances of every agent, and

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import dataclasses
 import itertools
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 
 from flexmarl_jax.mesh.meshes import make_mesh
 
@@ -48,22 +48,35 @@ def interleave_processes(devices: Sequence) -> list:
 
 def layout_devices(devices: Sequence, agents: Sequence[str], *, instances_per_agent: int,
                    rollout_devices_per_instance: int, train_devices_per_agent: int,
-                   colocate: bool = False, share_between_agents: bool = False) -> dict[str, AgentDevices]:
+                   colocate: bool = False, share_between_agents: bool = False,
+                   rollout_leaders: Mapping[str, str] | None = None) -> dict[str, AgentDevices]:
     """Assigns devices to agents in order: each agent's rollout groups, then its training group.
 
     With `colocate`, rollout instances reuse the agent's training devices (one device group each). With
     `share_between_agents` (implies colocate) agents wrap around the device list: agent i trains on devices
-    ``[i*t, (i+1)*t)`` modulo the device count, so one device can serve a whole team.
+    ``[i*t, (i+1)*t)`` modulo the device count, so one device can serve a whole team. `rollout_leaders`: agent ->
+    the agent whose rollout groups it shares (a LoRA base group's leader, config/lora_groups.py; it comes
+    earlier in `agents`); such an agent takes no rollout devices of its own.
     """
     devices = list(devices)
     colocate = colocate or share_between_agents
-    per_agent = train_devices_per_agent + (0 if colocate else instances_per_agent * rollout_devices_per_instance)
-    needed = per_agent if share_between_agents else per_agent * len(agents)
+    leaders = dict(rollout_leaders or {})
+    followers = sum(1 for agent in agents if leaders.get(agent, agent) != agent)
+    rollout_per_agent = 0 if colocate else instances_per_agent * rollout_devices_per_instance
+    per_agent = train_devices_per_agent + rollout_per_agent
+    needed = per_agent if share_between_agents else per_agent * len(agents) - rollout_per_agent * followers
     if needed > len(devices):
         count = "" if share_between_agents else f"{len(agents)} agents x "
-        raise ValueError(f"the layout needs {needed} devices ({count}{per_agent}) but {len(devices)} exist")
+        shared = f", {followers} of them on their LoRA group's rollout devices" if followers and count else ""
+        raise ValueError(f"the layout needs {needed} devices ({count}{per_agent}{shared}) but {len(devices)} exist")
     layout, cursor = {}, 0
     for agent in agents:
+        leader = leaders.get(agent, agent)
+        if leader != agent and not colocate:
+            train = tuple(devices[cursor:cursor + train_devices_per_agent])
+            cursor += train_devices_per_agent
+            layout[agent] = AgentDevices(agent=agent, rollout_groups=layout[leader].rollout_groups, train_devices=train)
+            continue
         if colocate:
             if cursor + train_devices_per_agent > len(devices):
                 cursor = 0  # only reached when sharing: start over at the first device

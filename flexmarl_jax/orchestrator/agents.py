@@ -27,6 +27,7 @@ import jax.numpy as jnp
 from jax.sharding import Mesh
 
 from flexmarl_jax.config import RunConfig
+from flexmarl_jax.config.lora_groups import lora_base_groups
 from flexmarl_jax.config.workflow_from_config import team_agents
 from flexmarl_jax.mesh.layout import AgentDevices, interleave_processes, layout_devices
 from flexmarl_jax.mesh.meshes import make_mesh
@@ -78,13 +79,17 @@ def agent_layout(config: RunConfig) -> dict[str, AgentDevices]:
     """Each agent's rollout and training devices (`mesh.layout.layout_devices`) for a config. With shared
     training slices (`mesh.train_slices`) agents get no training devices of their own; with `mesh.colocate`
     each agent's rollout runs on its training devices, and agents share devices when there are too few. With
-    several processes the devices alternate between hosts (`mesh.layout.interleave_processes`)."""
+    several processes the devices alternate between hosts (`mesh.layout.interleave_processes`). The agents of a
+    LoRA base group share their leader's rollout devices: one set of engines serves the whole group."""
     mesh = config.mesh
-    return layout_devices(interleave_processes(jax.devices()), team_agents(config.workflow),
+    team = team_agents(config.workflow)
+    groups = lora_base_groups(config, order=team)
+    return layout_devices(interleave_processes(jax.devices()), team,
                           instances_per_agent=config.rollout.instances_per_agent,
                           rollout_devices_per_instance=mesh.rollout_devices_per_instance,
                           train_devices_per_agent=0 if mesh.train_slices else mesh.train_devices_per_agent,
-                          colocate=config.pipeline.mode == "serial", share_between_agents=mesh.colocate)
+                          colocate=config.pipeline.mode == "serial", share_between_agents=mesh.colocate,
+                          rollout_leaders={agent: group[0] for agent, group in groups.items()})
 
 
 def training_slice_meshes(config: RunConfig, layout: Mapping[str, AgentDevices], train_slices: int) -> list[Mesh]:

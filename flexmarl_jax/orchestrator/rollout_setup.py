@@ -16,7 +16,6 @@ pipeline.balance_poll_s, rollout.min_instances_per_agent.
 from __future__ import annotations
 
 import dataclasses
-import json
 import threading
 from collections.abc import Callable, Mapping
 from typing import Any
@@ -26,6 +25,7 @@ import numpy as np
 from jax.sharding import NamedSharding, PartitionSpec
 
 from flexmarl_jax.config import RunConfig
+from flexmarl_jax.config.lora_groups import lora_base_groups
 from flexmarl_jax.metrics import Timeline
 from flexmarl_jax.models.functional import param_shardings
 from flexmarl_jax.models.lora import AdaptedParams, adapter_table
@@ -112,10 +112,14 @@ def start_engines(config: RunConfig, runtimes: Mapping[str, AgentRuntime], timel
     """
     started: dict[str, AgentRuntime] = {}
     weights: dict[str, tuple[Any, int]] = {}
-    groups = lora_base_groups(runtimes)
+    groups = lora_base_groups(config, order=list(runtimes))
     number = 0
     for agent, runtime in runtimes.items():
         trainer, devices = runtime.trainer, runtime.devices
+        if agent in groups and groups[agent][0] != agent:  # served by its group leader's instances
+            started[agent] = dataclasses.replace(runtime, rollout_shardings=started[groups[agent][0]].rollout_shardings)
+            weights[agent] = (trainer.rollout_weights, trainer.policy_version)
+            continue
         engine_config = engine_config_for(config, agent)
         local_groups = [group for group, members in enumerate(devices.rollout_groups)
                         if all(device.process_index == jax.process_index() for device in members)]
@@ -146,21 +150,6 @@ def start_engines(config: RunConfig, runtimes: Mapping[str, AgentRuntime], timel
     return started, backend_for(config, started, timeline, weights, groups)
 
 
-def lora_base_groups(runtimes: Mapping[str, AgentRuntime]) -> dict[str, tuple[str, ...]]:
-    """LoRA agent -> the LoRA agents of its base group (the same base record: checkpoint directory and digest,
-    or preset and seed), in team order. One engine instance serves a whole group: the base once, and a current
-    and a spare row of its adapter table per agent (rollout/instance.py)."""
-    by_base: dict[str, list[str]] = {}
-    for agent, runtime in runtimes.items():
-        if runtime.trainer.base_params is not None:
-            by_base.setdefault(json.dumps(runtime.trainer.base_record, sort_keys=True), []).append(agent)
-    groups = {agent: tuple(members) for members in by_base.values() for agent in members}
-    if groups and jax.process_count() > 1:
-        raise ValueError(f"LoRA agents {sorted(groups)} share their base's engines within one process; a run of "
-                         f"{jax.process_count()} processes trains only full fine-tunes (agents.<name>.lora.rank=0)")
-    return groups
-
-
 def _group_params(runtimes: Mapping[str, AgentRuntime], group: tuple[str, ...]) -> AdaptedParams:
     """What a base group's instance starts from: the base once, and each agent's adapter in both of its rows
     (current and spare), zero-padded to the group's largest rank."""
@@ -176,10 +165,9 @@ def backend_for(config: RunConfig, started: Mapping[str, AgentRuntime], timeline
                 ) -> RolloutHandle:
     """The team's backend over the runtimes' instances: the router in every mode (failover), plus the balancer
     with `pipeline.balancing` in the flexmarl mode. `weights`: agent -> (params, version) its instances serve now.
-    `groups` (`lora_base_groups`): a LoRA agent is served by every instance of its base group."""
+    `groups` (`config.lora_groups.lora_base_groups`): a LoRA agent is served by its group leader's instances."""
     groups = groups or {}
-    instances = {agent: [instance for member in groups.get(agent, (agent,)) for instance in started[member].instances]
-                 for agent in started}
+    instances = {agent: list(started[groups.get(agent, (agent,))[0]].instances) for agent in started}
     every_instance = tuple(instance for runtime in started.values() for instance in runtime.instances)
     tokenizers = {agent: runtime.tokenizer for agent, runtime in started.items()}
     backend, balancer = build_routed_backend(config, instances, tokenizers, timeline, weights)

@@ -27,6 +27,22 @@ def test_colocated_layout_reuses_training_devices():
     assert not set(layout["a"].train_devices) & set(layout["b"].train_devices)
 
 
+def test_a_lora_groups_agents_share_their_leaders_rollout_devices():
+    """b and c ride on a's rollout groups (one LoRA base group): two rollout devices for the group, two for d, and
+    each of the four agents its own training device, 8 in all, disjoint apart from the shared rollout groups."""
+    leaders = {"a": "a", "b": "a", "c": "a"}
+    layout = layout_devices(jax.devices(), ["a", "b", "d", "c"], instances_per_agent=2, rollout_devices_per_instance=1,
+                            train_devices_per_agent=1, rollout_leaders=leaders)
+    assert layout["b"].rollout_groups == layout["c"].rollout_groups == layout["a"].rollout_groups
+    assert not set(layout["d"].rollout_groups) & set(layout["a"].rollout_groups)
+    rollout = {d for agent in ("a", "d") for group in layout[agent].rollout_groups for d in group}
+    train = [d for agent in layout.values() for d in agent.train_devices]
+    assert len(rollout) == 8 - 4 == len(set(train)) and not rollout & set(train)
+    with pytest.raises(ValueError, match=r"needs 12 devices \(4 agents x 5, 2 of them on their LoRA group's"):
+        layout_devices(jax.devices(), ["a", "b", "d", "c"], instances_per_agent=2, rollout_devices_per_instance=2,
+                       train_devices_per_agent=1, rollout_leaders=leaders)
+
+
 def test_too_many_devices_requested():
     with pytest.raises(ValueError, match="needs 12 devices"):
         layout_devices(jax.devices(), ["a", "b", "c", "d"], instances_per_agent=1, rollout_devices_per_instance=1,

@@ -44,8 +44,10 @@ def test_a_base_groups_instances_serve_every_agent_of_the_group(run_after_one_it
     _, agents, rollout, record = run_after_one_iteration
     members = _router_members(rollout)
     shared = [m for m in members.values() if m.shared]
-    # one instance per rollout device group of each group agent, every one of them serving both agents
-    assert len(shared) == sum(len(agents[agent].instances) for agent in GROUP) >= 2
+    # the group's agents share the leader's rollout devices: one instance per device group, serving both agents
+    assert agents["verifier"].devices.rollout_groups == agents["solver"].devices.rollout_groups
+    assert len(shared) == len(agents["solver"].instances) == len(agents["solver"].devices.rollout_groups) >= 1
+    assert agents["verifier"].instances == ()
     assert all(m.serves == GROUP and m.instance.adapter_agents == GROUP for m in shared)
     assert [m.serves for m in members.values() if not m.shared] == [("corrector",)] * len(agents["corrector"].instances)
     router = rollout.backend.router
