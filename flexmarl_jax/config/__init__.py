@@ -21,6 +21,7 @@ from flexmarl_jax.config.memory import AgentMemory, check_team_fits, estimate_ag
 from flexmarl_jax.config.schema import (
     AgentConfig,
     DistributedConfig,
+    LoraConfig,
     MeshConfig,
     PipelineConfig,
     RolloutConfig,
@@ -32,7 +33,7 @@ from flexmarl_jax.config.schema import (
 )
 
 __all__ = [
-    "AgentConfig", "AgentMemory", "ConfigError", "DistributedConfig", "MeshConfig", "PipelineConfig",
+    "AgentConfig", "AgentMemory", "ConfigError", "DistributedConfig", "LoraConfig", "MeshConfig", "PipelineConfig",
     "RolloutConfig", "RunConfig", "RunControlConfig", "StoreConfig", "TrainConfig", "WorkflowConfig",
     "apply_overrides", "check_devices", "check_team_fits", "devices_needed", "estimate_agent_memory",
     "load_config", "parse_train_flags",

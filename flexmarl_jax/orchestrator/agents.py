@@ -146,6 +146,7 @@ def build_agent_runtimes(config: RunConfig, layout: Mapping[str, AgentDevices], 
     sources = model_sources(config) if sources is None else sources
     runtimes = {}
     base_records: dict[str, dict] = {}  # a LoRA base group's record, by model (its digest is computed once)
+    bases: dict[tuple[str, Mesh], Any] = {}  # a LoRA base group's weights on one training mesh
     for index, agent in enumerate(team_agents(config.workflow)):
         source = sources[agent]
         trainer_config = dataclasses.replace(agent_trainer_config(config, agent), **(trainer_overrides or {}))
@@ -154,14 +155,20 @@ def build_agent_runtimes(config: RunConfig, layout: Mapping[str, AgentDevices], 
         # as the master copy and casts for the bfloat16 parameters.
         load_dtype = jnp.dtype("float32" if trainer_config.fp32_master_weights else trainer_config.dtype)
         seed = config.seed * 1000 + index
-        initial = source.initial_weights(mesh=mesh, dtype=load_dtype)
         base_record = None
         if trainer_config.lora.rank:
             key = source.checkpoint_dir or source.name
             base_record = base_records.setdefault(key, source.base_record(init_seed=seed))
-            if initial is None:  # a preset: the group's weights, not this agent's own random init
-                initial = init_params(source.model_config, seed=base_record["init_seed"], mesh=mesh,
-                                      dtype=load_dtype)
+            # One frozen base per group and mesh: agents of a group on one mesh hold the same arrays.
+            if (key, mesh) not in bases:
+                initial = source.initial_weights(mesh=mesh, dtype=load_dtype)
+                if initial is None:  # a preset: the group's weights, not this agent's own random init
+                    initial = init_params(source.model_config, seed=base_record["init_seed"], mesh=mesh,
+                                          dtype=load_dtype)
+                bases[(key, mesh)] = initial
+            initial = bases[(key, mesh)]
+        else:
+            initial = source.initial_weights(mesh=mesh, dtype=load_dtype)
         trainer = AgentTrainer(agent, source.model_config, trainer_config, mesh=mesh, seed=seed, initial=initial,
                                base_record=base_record)
         runtimes[agent] = AgentRuntime(name=agent, model_config=source.model_config, tokenizer=source.tokenizer,

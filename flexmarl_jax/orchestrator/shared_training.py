@@ -4,7 +4,8 @@ which a trainer holds a slice only while its agent has work. Both are `TrainingP
 `SharedTraining` wraps every agent's `AgentTrainer` in a `PooledTrainer` that the joint orchestrator uses
 in place of the trainer (same calls: accumulate, values, apply, params, policy_version, checkpoint_state). The
 agent's state (params, optimizer state, fp32 gradient accumulator, pending count) lives in a `StateStore`
-through a `TrainerResidency`:
+through a `TrainerResidency`. A LoRA agent's frozen base is not part of that moving state: its base group keeps
+one copy on the host and one on each slice where one of its agents trained (`SharedTraining.base_on`).
 
     activate()     leases a free slice (the agent's last one when free, so nothing moves), brings the state
                    there (from host, or from the slice another agent's state was parked on) and binds the
@@ -20,6 +21,7 @@ than agents the slices go to whichever agents have micro-batches.
 
 from __future__ import annotations
 
+import json
 import logging
 import threading
 import time
@@ -68,7 +70,10 @@ class PooledTrainer:
             if self._active is not None:
                 return
             active = self._shared.residency.activate(self.agent, timeout=self._shared.acquire_timeout)
-            self._trainer.load_swap_state(active.state, mesh=active.mesh)
+            state = active.state
+            if self._shared.is_lora(self.agent):  # its group's base, held once per slice, joins the state
+                state = {**state, "base": self._shared.base_on(self.agent, active.mesh)}
+            self._trainer.load_swap_state(state, mesh=active.mesh)
             active.state = None  # the trainer holds the arrays while active
             self._active = active
 
@@ -78,7 +83,9 @@ class PooledTrainer:
             if self._active is None:
                 return
             self._active = None
-            self._shared.residency.deactivate(self.agent, self._trainer.swap_state())
+            state = self._trainer.swap_state()
+            state.pop("base", None)  # stays on the slice for the group (SharedTraining.base_on)
+            self._shared.residency.deactivate(self.agent, state)
 
     # ------------------------------------------------------------------------------- trainer calls
     def accumulate(self, batch) -> None:
@@ -136,9 +143,10 @@ class PooledTrainer:
             if self._active is not None:
                 return jax.tree.map(_host_copy, self._trainer.params)
             state = self._shared.residency.read(self.agent)
-            if "base" in state:  # a LoRA agent: its base with the adapter merged
-                return jax.tree.map(_host_copy, merge_adapter(state["base"], state["trainable"]["adapters"],
-                                                              self._trainer.config.lora))
+            if self._shared.is_lora(self.agent):  # its group's base with its adapter merged
+                merged = merge_adapter(self._shared.host_base(self.agent), state["trainable"]["adapters"],
+                                       self._trainer.config.lora)
+                return jax.tree.map(_host_copy, merged)
             return jax.tree.map(_host_copy, state["trainable"]["policy"])
 
     @property
@@ -148,7 +156,7 @@ class PooledTrainer:
             if self._active is not None:
                 return jax.tree.map(_host_copy, self._trainer.rollout_weights)
             state = self._shared.residency.read(self.agent)
-            if "base" in state:
+            if self._shared.is_lora(self.agent):
                 return jax.tree.map(_host_copy, AgentAdapter(state["trainable"]["adapters"], self._trainer.config.lora))
             return jax.tree.map(_host_copy, state["trainable"]["policy"])
 
@@ -160,6 +168,10 @@ class PooledTrainer:
                                    f"suspended ({self.pending_micro_batches} micro-batches pending)")
             state = self._shared.residency.read(self.agent)
             return {key: state[key] for key in ("trainable", "opt_state", "reference") if key in state}
+
+
+def _without_base(shardings: dict) -> dict:
+    return {name: value for name, value in shardings.items() if name != "base"}
 
 
 def _host_copy(leaf):
@@ -218,16 +230,45 @@ class SharedTraining:
         self._inner = dict(trainers)
         self.residency = TrainerResidency(
             self.store, self.pool, offload_tier=offload_tier,
-            target_for=lambda agent, mesh: self._inner[agent].swap_shardings(mesh))
+            target_for=lambda agent, mesh: _without_base(self._inner[agent].swap_shardings(mesh)))
+        # A LoRA base group's frozen base is not part of its agents' moving state: one host copy per group, and
+        # one copy on each slice an agent of the group has trained on, kept there (`base_on`).
+        self._base_group: dict[str, str] = {}  # LoRA agent -> its group's key (the base its checkpoints record)
+        self._host_bases: dict[str, Any] = {}
+        self._slice_bases: dict[tuple[str, Mesh], Any] = {}
+        self._bases_lock = threading.Lock()
         self.trainers: dict[str, PooledTrainer] = {}
         for agent, trainer in self._inner.items():
             self.trainers[agent] = PooledTrainer(self, trainer)
-            self.residency.register(agent, trainer.swap_state())  # starts suspended, on host
+            state = trainer.swap_state()
+            base = state.pop("base", None)
+            if base is not None:
+                key = json.dumps(trainer.base_record, sort_keys=True)
+                self._base_group[agent] = key
+                self._host_bases.setdefault(key, jax.tree.map(_host_copy, base))
+            self.residency.register(agent, state)  # starts suspended, on host
         logger.info("agent-centric training: %d agents on %d slices", len(self._inner), self.pool.num_slices)
 
     @property
     def num_slices(self) -> int:
         return self.pool.num_slices
+
+    def is_lora(self, agent: str) -> bool:
+        return agent in self._base_group
+
+    def host_base(self, agent: str) -> Any:
+        """A LoRA agent's frozen base on the host (its group's one copy)."""
+        return self._host_bases[self._base_group[agent]]
+
+    def base_on(self, agent: str, mesh: Mesh) -> Any:
+        """A LoRA agent's frozen base on a slice's `mesh`: placed there the first time an agent of its group trains
+        on that slice, then shared by the whole group (one base per group per slice, whatever the group's size)."""
+        key = (self._base_group[agent], mesh)
+        with self._bases_lock:
+            if key not in self._slice_bases:
+                shardings = self._inner[agent].swap_shardings(mesh)["base"]
+                self._slice_bases[key] = jax.device_put(self.host_base(agent), shardings)
+            return self._slice_bases[key]
 
     def usage(self, since: float) -> dict[str, Any]:
         """For the iteration record: the fraction of slice time leased to some agent since `since` (a

@@ -7,7 +7,7 @@ import jax
 import numpy as np
 import pytest
 
-from flexmarl_jax.config import AgentConfig, RolloutConfig, RunConfig, TrainConfig, WorkflowConfig
+from flexmarl_jax.config import AgentConfig, LoraConfig, RolloutConfig, RunConfig, TrainConfig, WorkflowConfig
 from flexmarl_jax.mesh.meshes import make_mesh
 from flexmarl_jax.metrics import Timeline
 from flexmarl_jax.models.tokenizer import CharTokenizer
@@ -40,7 +40,7 @@ def agent_meshes():
     return [make_mesh(jax.devices()[i:i + 1], fsdp=1) for i in range(len(AGENTS))]
 
 
-def build(num_slices: int, *, latency=None):
+def build(num_slices: int, *, latency=None, lora_rank: int = 0):
     """The mixture workflow (3 proposers -> aggregator) with scripted answers and real trainers and store.
 
     num_slices: 0 = a dedicated mesh per agent (static binding), else that many shared slices.
@@ -49,7 +49,8 @@ def build(num_slices: int, *, latency=None):
     # No debug invariants (the default): the checker keys samples by id alone, and the mixture's proposers
     # share ids.
     config = RunConfig(
-        agents={agent: AgentConfig() for agent in AGENTS}, workflow=WorkflowConfig(
+        agents={agent: AgentConfig(lora=LoraConfig(rank=lora_rank if agent in PROPOSERS else 0)) for agent in AGENTS},
+        workflow=WorkflowConfig(
             name="mixture", queries_per_iteration=QUERIES, samples_per_query=SAMPLES),
         rollout=RolloutConfig(max_prompt_length=MAX_PROMPT, max_response_length=MAX_RESPONSE),
         train=TrainConfig(learning_rate=OPTIMIZER.learning_rate, micro_batch_size=MICRO_BATCH))
@@ -89,8 +90,8 @@ def live_bytes_on(devices) -> int:
     return sum(a.nbytes for a in jax.live_arrays() if not a.is_deleted() and a.devices() & devices)
 
 
-def train(num_slices: int, iterations: int = 2):
-    orchestrator, backend, shared = build(num_slices, latency=long_tail_latency(0.002, 0.05, 0.2))
+def train(num_slices: int, iterations: int = 2, lora_rank: int = 0):
+    orchestrator, backend, shared = build(num_slices, latency=long_tail_latency(0.002, 0.05, 0.2), lora_rank=lora_rank)
     initial = {agent: host_params(t) for agent, t in orchestrator.trainers.items()}
     records = []
     try:
@@ -132,6 +133,26 @@ def test_four_agents_on_two_slices_match_dedicated_meshes_and_suspend_frees_the_
     shared.residency.suspend_all()
     assert all(shared.residency.location(agent) == ("host", None) for agent in AGENTS)
     assert live_bytes_on(slice_devices) == baseline
+
+
+@pytest.mark.timeout(300)
+def test_a_lora_group_on_two_slices_matches_dedicated_meshes_with_one_base_per_slice():
+    """The proposers as rank-4 adapters on one base (the aggregator a full fine-tune): on 2 shared slices they
+    train as on 4 dedicated meshes; the group's base is not in any agent's moving state, and each slice holds
+    one copy of it for the whole group."""
+    _, _, _, initial, on_four = train(0, lora_rank=4)
+    orchestrator, shared, records, _, on_two = train(2, lora_rank=4)
+    for agent in AGENTS:
+        assert orchestrator.trainers[agent].policy_version == 2
+        assert relative_difference(on_two[agent], initial[agent]) > 1e-4, agent
+        assert relative_difference(on_two[agent], on_four[agent]) < 1e-6, agent
+    shared.residency.suspend_all()
+    for agent in PROPOSERS:
+        assert "base" not in shared.residency.read(agent) and "adapters" in shared.residency.read(agent)["trainable"]
+    for mesh in agent_meshes()[:2]:
+        placed = [shared.base_on(agent, mesh) for agent in PROPOSERS]
+        assert all(leaf_a is leaf_b for other in placed[1:]
+                   for leaf_a, leaf_b in zip(jax.tree.leaves(placed[0]), jax.tree.leaves(other), strict=True))
 
 
 def test_weight_sync_goes_through_the_state_store_onto_the_rollout_shardings():
