@@ -25,7 +25,10 @@ The estimate, for P parameters (`ModelConfig.num_params`), b bytes per element o
 h = hidden size, H / K = query / KV heads, d = head dim, m = MLP width, V = vocabulary. A frozen reference
 (KL on) adds P * b; a PPO critic doubles params, optimizer, grads and activations. A LoRA agent of A adapter
 parameters (float32) adds A * 4 to params, and its optimizer state and grads count A at 4 bytes instead of P (its
-KL reference is the base it already holds); each LoRA agent still holds a base of its own (docs/lora.md).
+KL reference is the base it already holds). A LoRA base group (config/lora_groups.py) holds one base per device
+(`share_group_bases`): its agents decode on the leader's instances (one base and a table of 2 rows of A * 4 per
+agent each), and on shared training slices the group keeps one base per slice it can reach plus one host copy,
+where agents on meshes of their own each hold one.
 This counts what a step holds at its peak, not XLA's exact buffer plan: within 35% of XLA's own figure at
 small shapes (tests/config/test_memory.py), and the check leaves a margin.
 
@@ -46,6 +49,7 @@ from typing import TYPE_CHECKING
 
 from flexmarl_jax.config.devices import devices_needed
 from flexmarl_jax.config.errors import ConfigError
+from flexmarl_jax.config.lora_groups import lora_base_groups
 from flexmarl_jax.models.dtypes import DTYPE_BYTES
 from flexmarl_jax.models.lora_targets import adapter_parameter_count
 
@@ -158,6 +162,36 @@ def agent_memory(config: RunConfig, agent: str, model_config: ModelConfig) -> Ag
         adapter_params=adapter_parameter_count(model_config, settings.lora.rank, settings.lora.target_names))
 
 
+def share_group_bases(config: RunConfig, estimates: Mapping[str, AgentMemory],
+                      model_configs: Mapping[str, ModelConfig], *, host_copy: bool) -> dict[str, AgentMemory]:
+    """The estimates with each LoRA base group's base counted once per device (module docstring): a follower's
+    rollout and, on shared training slices, its base move to the group's leader. `host_copy`: count the group's
+    host copy of the base (shared slices keep one; it is in the device pool only on a CPU host)."""
+    adjusted = dict(estimates)
+    for leader, group in _groups(config, estimates).items():
+        m, settings = model_configs[leader], config.agents[leader]
+        base = m.num_params() * DTYPE_BYTES[settings.dtype]
+        adapters = [adapter_parameter_count(model_configs[a], config.agents[a].lora.rank,
+                                            config.agents[a].lora.target_names) for a in group]
+        table = config.rollout.instances_per_agent * 2 * sum(adapters) * _FLOAT32  # a current and a spare row
+        slices = config.mesh.train_slices
+        leader_params = adjusted[leader].params
+        if slices:
+            leader_params += base * (min(slices, len(group)) - 1 + (1 if host_copy else 0))
+        adjusted[leader] = dataclasses.replace(adjusted[leader], params=leader_params,
+                                               rollout_params=adjusted[leader].rollout_params + table)
+        for follower in group[1:]:
+            params = adjusted[follower].params - (base if slices else 0)
+            adjusted[follower] = dataclasses.replace(adjusted[follower], params=params, rollout_params=0, kv_cache=0)
+    return adjusted
+
+
+def _groups(config: RunConfig, estimates: Mapping[str, AgentMemory]) -> dict[str, tuple[str, ...]]:
+    """leader -> its LoRA base group, among the estimated agents (in their order)."""
+    groups = lora_base_groups(config, order=list(estimates))
+    return {group[0]: group for group in groups.values() if len(group) > 1}
+
+
 def host_memory_bytes() -> int:
     """The host's physical RAM in bytes."""
     return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
@@ -179,6 +213,7 @@ def check_team_fits(config: RunConfig, model_configs: Mapping[str, ModelConfig],
         import jax
 
         platform = jax.default_backend()
+    estimates = share_group_bases(config, estimates, model_configs, host_copy=platform == "cpu")
     if platform == "cpu":
         if available_bytes is None:
             total = host_memory_bytes()

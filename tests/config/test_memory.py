@@ -115,3 +115,35 @@ def test_on_an_accelerator_each_agent_must_fit_its_devices(tiny_config):
         check_team_fits(wide, models, 2 * GIB, platform="gpu")
     assert np.isclose(sum(m.total for m in check_team_fits(wide, models, 16 * GIB, platform="gpu").values()),
                       sum(m.total for m in estimates.values()))
+
+
+def test_a_lora_base_group_counts_one_base_per_device(tiny_config):
+    """Solver and verifier as adapters on one 1.5B base, the corrector a full fine-tune of it. The verifier decodes
+    on the solver's instances (one base there, and a table of both adapters), and on one shared training slice the
+    group keeps one base on the slice and one on the host instead of one per agent."""
+    from flexmarl_jax.config import LoraConfig
+    from flexmarl_jax.config.memory import agent_memory
+    from flexmarl_jax.models.lora_targets import adapter_parameter_count
+
+    ranks = {"solver": 16, "verifier": 8, "corrector": 0}
+    agents = {name: dataclasses.replace(settings, model="qwen2.5-1.5b", lora=LoraConfig(rank=ranks[name]))
+              for name, settings in tiny_config.agents.items()}
+    model = get_preset("qwen2.5-1.5b")
+    models = {agent: model for agent in agents}
+    base = model.num_params() * 4
+    adapters = sum(adapter_parameter_count(model, rank, agents["solver"].lora.target_names) for rank in (16, 8))
+    dedicated = dataclasses.replace(tiny_config, agents=agents)
+    alone = {agent: agent_memory(dedicated, agent, model) for agent in agents}  # each agent as if by itself
+    estimates = check_team_fits(dedicated, models, 10_000 * GIB, platform="cpu")
+    assert estimates["verifier"].rollout == 0 and estimates["corrector"] == alone["corrector"]
+    assert estimates["solver"].rollout == alone["solver"].rollout + 2 * adapters * 4  # a current and a spare row
+    assert estimates["verifier"].params == alone["verifier"].params  # on a mesh of its own: a base of its own
+    assert sum(m.total for m in alone.values()) - sum(m.total for m in estimates.values()) == (
+        alone["verifier"].rollout - 2 * adapters * 4)
+
+    one_slice = dataclasses.replace(dedicated, mesh=dataclasses.replace(dedicated.mesh, train_slices=1))
+    shared = check_team_fits(one_slice, models, 10_000 * GIB, platform="cpu")
+    assert shared["verifier"].params == alone["verifier"].params - base
+    assert shared["solver"].params == alone["solver"].params + base  # the group's host copy
+    on_gpu = check_team_fits(one_slice, models, 10_000 * GIB, platform="gpu")
+    assert on_gpu["solver"].params == alone["solver"].params and on_gpu["verifier"].params == shared["verifier"].params
