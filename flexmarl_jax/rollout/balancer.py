@@ -84,8 +84,12 @@ class InstanceBalancer:
 
     def __init__(self, router: RequestRouter, *, delta: int, cooldown_s: float, poll_interval_s: float,
                  min_instances_per_agent: int, timeline: Timeline | None = None):
+        # A LoRA base group's agents share their instances (router members serving several agents): the device
+        # budget counts the group once, under its first agent.
+        followers = {agent for member in router.members() if member.shared for agent in member.serves[1:]}
+        counts = {agent: count for agent, count in router.instance_counts().items() if agent not in followers}
         check_balancing(delta=delta, cooldown_s=cooldown_s, poll_interval_s=poll_interval_s,
-                        min_instances_per_agent=min_instances_per_agent, instance_counts=router.instance_counts(),
+                        min_instances_per_agent=min_instances_per_agent, instance_counts=counts,
                         num_instances=len(router.members()))
         self.router, self.delta, self.cooldown_s = router, delta, cooldown_s
         self.poll_interval_s, self.min_instances = poll_interval_s, min_instances_per_agent

@@ -134,7 +134,7 @@ class ServedModels:
                                 seed=settings.seed)
         requests = [RolloutRequest(
             tuple(ids), num_samples=settings.n, sampling=sampling, max_new_tokens=max_tokens,
-            stop_strings=settings.stop, ignore_eos=settings.ignore_eos,
+            stop_strings=settings.stop, ignore_eos=settings.ignore_eos, agent=model.name,
             on_tokens=lambda event, index=index: hand_over(Tokens(index, event)),
             on_done=lambda results, index=index: hand_over(PromptDone(index)),
             on_error=hand_over) for index, ids in enumerate(prompts)]

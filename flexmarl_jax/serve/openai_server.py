@@ -21,12 +21,20 @@ from collections.abc import Callable, Iterator, Sequence
 import jax
 import uvicorn
 
+from flexmarl_jax.config.lora_groups import lora_base_groups
 from flexmarl_jax.config.workflow_from_config import team_agents
 from flexmarl_jax.rollout.instance import EngineInstance
 from flexmarl_jax.rollout.settings import MAX_TOP_LOGPROBS
 from flexmarl_jax.serve.openai_app import build_app
 from flexmarl_jax.serve.openai_models import ServedModel, ServedModels
-from flexmarl_jax.serve.served_agent import ServeError, build_engine, load_agent, read_run, serving_engine_config
+from flexmarl_jax.serve.served_agent import (
+    ServeError,
+    build_engine,
+    build_group_engine,
+    load_agent,
+    read_run,
+    serving_engine_config,
+)
 
 STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM)
 GRACEFUL_SHUTDOWN_S = 3.0  # then uvicorn cancels what is still open; the issue's bound for the whole stop is 10 s
@@ -43,19 +51,32 @@ def load_served_models(workdir: str, agents: Sequence[str] | None = None, *, ver
                        slots: int = 0, max_new_tokens: int = 0,
                        announce: Callable[[str], None] = print) -> ServedModels:
     """Loads each agent's policy, builds and compiles its engine (agent i on device i mod the device count) and
-    starts its instance's thread."""
+    starts its instance's thread. The LoRA agents of one base group (config/lora_groups.py) share one engine:
+    the base once and each agent's adapter (`served_agent.build_group_engine`)."""
     run = read_run(workdir)
     names = list(agents) if agents else list(team_agents(run.workflow))
+    groups = lora_base_groups(run, order=names)
     devices = jax.devices()
-    models = {}
+    loaded = {name: load_agent(workdir, name, version=version, run=run) for name in names}
+    models, shared = {}, {}
     for index, name in enumerate(names):
-        agent = load_agent(workdir, name, version=version, run=run)
+        agent, group = loaded[name], groups.get(name, (name,))
+        if group[0] in shared:  # served by its group leader's engine
+            models[name] = ServedModel(name, agent.policy_version, shared[group[0]], agent.tokenizer)
+            continue
         engine_config = openai_engine_config(run, name, slots=slots, max_new_tokens=max_new_tokens)
-        engine, params = build_engine(agent, engine_config, devices[index % len(devices)])
-        announce(f"compiling agent {name} (policy_version {agent.policy_version})")
+        device = devices[index % len(devices)]
+        if len(group) > 1:
+            engine, params = build_group_engine([loaded[member] for member in group], engine_config, device)
+            announce(f"compiling agents {', '.join(group)} on one engine (a LoRA base group)")
+        else:
+            engine, params = build_engine(agent, engine_config, device)
+            announce(f"compiling agent {name} (policy_version {agent.policy_version})")
         engine.warm_up(params)
-        instance = EngineInstance(engine, params, policy_version=agent.policy_version, name=f"serve-{name}")
+        instance = EngineInstance(engine, params, policy_version=agent.policy_version, name=f"serve-{name}",
+                                  adapter_agents=group if len(group) > 1 else ())
         instance.start()
+        shared[group[0]] = instance
         models[name] = ServedModel(name, agent.policy_version, instance, agent.tokenizer)
     return ServedModels(models)
 

@@ -14,13 +14,17 @@ those lengths only, and asks the engine for exactly `max_prefill_length` as its 
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Sequence
 from typing import Any
 
 import jax
+import numpy as np
+from jax.sharding import NamedSharding, PartitionSpec
 
 from flexmarl_jax.mesh.meshes import make_mesh
 from flexmarl_jax.models.config import ModelConfig
 from flexmarl_jax.models.functional import param_shardings
+from flexmarl_jax.models.lora import AdaptedParams, LoraSpec, adapter_table
 from flexmarl_jax.orchestrator.export import (
     ExportError,
     agent_source,
@@ -30,6 +34,7 @@ from flexmarl_jax.orchestrator.export import (
 )
 from flexmarl_jax.rollout.engine import FlexEngine
 from flexmarl_jax.rollout.settings import EngineConfig, engine_config_for
+from flexmarl_jax.train.checkpoint import load_base
 
 # The prompt lengths JetStream 0.2.2's token_utils.pad_tokens knows (its default prefill_lengths).
 JETSTREAM_PREFILL_LENGTHS = tuple(2**power for power in range(4, 16))
@@ -47,8 +52,11 @@ class ServedAgent:
     policy_version: int
     model_config: ModelConfig
     graphdef: Any
-    params: Any  # on one CPU device; `build_engine` places them
+    params: Any  # on one CPU device; `build_engine` places them (a LoRA agent's base with its adapter merged)
     tokenizer: Any  # models/tokenizer.py `Tokenizer`
+    lora: LoraSpec | None = None  # a LoRA agent's spec, adapter and base record (`build_group_engine`)
+    adapters: Any = None
+    base_record: dict | None = None
 
 
 def read_run(workdir: str):
@@ -73,7 +81,7 @@ def load_agent(workdir: str, agent: str, *, version: int | None = None, run=None
     except ExportError as error:
         raise ServeError(str(error)) from None
     return ServedAgent(agent, snapshot.policy_version, snapshot.model_config, snapshot.graphdef, snapshot.params,
-                       source.tokenizer)
+                       source.tokenizer, lora=snapshot.lora, adapters=snapshot.adapters, base_record=snapshot.base)
 
 
 def jetstream_prefill_length(max_prompt_length: int) -> int:
@@ -120,4 +128,23 @@ def build_engine(agent: ServedAgent, engine_config: EngineConfig, device: Any):
     mesh = make_mesh([device], fsdp=1)
     params = jax.device_put(agent.params, param_shardings(agent.params, mesh))
     engine = FlexEngine(agent.model_config, agent.graphdef, engine_config, agent.tokenizer, mesh=mesh, params=params)
+    return engine, params
+
+
+def build_group_engine(agents: Sequence[ServedAgent], engine_config: EngineConfig, device: Any):
+    """One `FlexEngine` for several LoRA agents of one base (a run's base group): the base once, read again from
+    the record of the first agent's checkpoint, and a table with two rows per agent (its current and spare rows,
+    `rollout/adapter_rows.py`), both its adapter. Returns (engine, `AdaptedParams`); the agents' requests name
+    their agent (`RolloutRequest.agent`) on an `EngineInstance(adapter_agents=...)`."""
+    first = agents[0]
+    if any(agent.lora is None or agent.base_record != first.base_record for agent in agents):
+        raise ServeError(f"agents {[agent.name for agent in agents]} are not LoRA agents of one base")
+    check_jetstream_shapes(engine_config, first.model_config, first.name)
+    mesh = make_mesh([device], fsdp=1)
+    _, base = load_base(first.base_record, first.model_config, NamedSharding(mesh, PartitionSpec()))
+    base = jax.device_put(base, param_shardings(base, mesh))
+    rows = [jax.tree.map(np.asarray, agent.adapters) for agent in agents for _ in range(2)]
+    table = adapter_table(rows, [agent.lora for agent in agents for _ in range(2)])
+    params = AdaptedParams(base, jax.device_put(table, NamedSharding(mesh, PartitionSpec())))
+    engine = FlexEngine(first.model_config, first.graphdef, engine_config, first.tokenizer, mesh=mesh, params=params)
     return engine, params

@@ -3,6 +3,7 @@ adapters of different ranks on one synthetic Llama base beside a full fine-tune 
 
 import json
 import os
+import time
 
 import jax
 import jax.numpy as jnp
@@ -98,3 +99,39 @@ def test_peft_and_merged_exports_reload_with_the_runs_logits(trained, tmp_path):
     assert np.max(np.abs(from_merged - ours)) < 1e-4
     assert np.max(np.abs(from_peft - ours)) < 1e-4
     assert jax.tree.leaves(snapshot.adapters)  # not the base alone
+
+
+@pytest.mark.timeout(600)
+def test_serve_puts_a_base_group_on_one_engine_that_decodes_each_agents_merged_weights(trained):
+    """`flexmarl serve --api openai`'s loader: solver and verifier (one base) share one engine, the corrector has
+    its own; greedy through the shared engine, each agent decodes what its merged weights decode."""
+    from flexmarl_jax.rollout.engine import FlexEngine, SlotSampling
+    from flexmarl_jax.rollout.loop import RolloutLoop, RolloutRequest
+    from flexmarl_jax.serve.openai_server import load_served_models
+    from flexmarl_jax.serve.served_agent import load_agent
+
+    workdir, _ = trained
+    models = load_served_models(str(workdir), slots=4, max_new_tokens=8, announce=lambda line: None)
+    try:
+        solver, verifier, corrector = (models.models[name] for name in ("solver", "verifier", "corrector"))
+        assert solver.instance is verifier.instance and solver.instance.adapter_agents == ("solver", "verifier")
+        assert corrector.instance is not solver.instance and corrector.instance.adapter_agents == ()
+        prompts = [tuple(solver.tokenizer.encode(text)) for text in ("What is 3 + 4?", "Name a prime.")]
+        for model in (solver, verifier):
+            done = []
+            for prompt in prompts:
+                model.instance.submit(RolloutRequest(prompt, sampling=SlotSampling(), max_new_tokens=8,
+                                                     agent=model.name, on_done=done.append))
+            deadline = time.monotonic() + 300
+            while len(done) < len(prompts):
+                assert time.monotonic() < deadline
+                time.sleep(0.05)
+            served = sorted(done, key=lambda samples: prompts.index(samples[0].prompt_ids))
+            agent = load_agent(str(workdir), model.name)
+            engine = FlexEngine(agent.model_config, agent.graphdef, model.instance.engine.config, agent.tokenizer,
+                                params=agent.params)
+            plain = RolloutLoop(engine, agent.params).generate(
+                [RolloutRequest(prompt, sampling=SlotSampling(), max_new_tokens=8) for prompt in prompts])
+            assert [s[0].token_ids for s in served] == [s[0].token_ids for s in plain], model.name
+    finally:
+        models.stop()
