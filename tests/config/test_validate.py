@@ -63,6 +63,20 @@ def test_mesh_larger_than_the_machine():
     check_devices(config, 64)  # the same config fits a bigger machine
 
 
+def test_a_lora_base_group_binds_its_rollout_devices_once():
+    """Solver and verifier as adapters on one model take one agent's rollout instances (2 x 2 devices) between them;
+    the corrector its own; each agent its own training device."""
+    overrides = {"rollout.instances_per_agent": "2", "mesh.rollout_devices_per_instance": "2",
+                 "agents.solver.lora.rank": "8", "agents.verifier.lora.rank": "4"}
+    config = RunConfig.from_config(apply_overrides(load_config(), overrides))
+    assert devices_needed(config) == 2 * (2 * 2) + 3 * 1
+    with pytest.raises(ConfigError, match=r"needs 11 devices \(2 agents x 2 instances x 2 \+ 3 agents x "
+                                          r"mesh.train_devices_per_agent=1 \(LoRA base groups counted once\)\) but 8"):
+        check_devices(config, 8)
+    check_devices(RunConfig.from_config(apply_overrides(load_config(), {
+        **overrides, "agents.corrector.lora.rank": "2", "rollout.instances_per_agent": "1"})), 8)
+
+
 def test_unknown_and_mistyped_fields_in_a_config_file():
     config = load_config()
     with config.unlocked():
