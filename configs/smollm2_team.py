@@ -16,6 +16,9 @@ Variants (`--config=configs/smollm2_team.py:VARIANT`; several joined by commas, 
              team gained 8 points in 44 minutes)
   cpu_smoke  cpu at the smallest size: one iteration, an eval of 4 problems (tests, CI)
   lora       each agent a rank-32 LoRA adapter on one shared base (with cpu: `:cpu,lora`; docs/lora.md)
+  lora_mixture15
+             15 agents on one base: 14 proposers and an aggregator (the mixture workflow), each a rank-16 adapter,
+             served by one engine and trained on one shared slice; 2 iterations at smoke size (docs/lora.md)
 """
 
 import os
@@ -153,5 +156,42 @@ def _lora(config: ml_collections.ConfigDict) -> None:
     config.agents.verifier.learning_rate = 4e-5
 
 
-VARIANT_CHANGES = {**tiny.VARIANT_CHANGES, "cpu": _cpu, "cpu_smoke": _cpu_smoke, "lora": _lora}
+MIXTURE15_PROPOSERS = tuple(f"proposer{index}" for index in range(14))
+
+
+def _lora_mixture15(config: ml_collections.ConfigDict) -> None:
+    """Issue 34's scale check on this host: 14 proposers and an aggregator, each a rank-16 adapter (all seven
+    projections) on one SmolLM2 base, the whole team served by one engine instance and trained on one slice."""
+    _cpu(config)
+    config.workdir = "runs/smollm2_lora_mixture15"
+    config.iterations = 2
+    agent = config.agents.solver
+    config.agents = ml_collections.ConfigDict()
+    for name in (*MIXTURE15_PROPOSERS, "aggregator"):
+        config.agents[name] = ml_collections.ConfigDict(agent.to_dict())
+        config.agents[name].stop_pattern = ANSWER_LINE
+        config.agents[name].lora.rank = 16
+        config.agents[name].lora.alpha = 32.0
+        config.agents[name].learning_rate = 2e-4
+    workflow = config.workflow
+    workflow.name = "mixture"
+    workflow.options = ml_collections.ConfigDict()
+    workflow.options.proposers = MIXTURE15_PROPOSERS
+    workflow.options.aggregator = "aggregator"
+    workflow.options.chat = True
+    workflow.options.max_field_tokens = 16
+    workflow.roles = ml_collections.ConfigDict({name: name for name in (*MIXTURE15_PROPOSERS, "aggregator")})
+    workflow.shaping_weights = ml_collections.ConfigDict({"proposal_correct": 0.5})
+    workflow.queries_per_iteration = 2
+    workflow.samples_per_query = 2
+    config.rollout.max_response_length = 16
+    config.rollout.max_prompt_length = 512  # the aggregator's prompt quotes 14 proposals
+    config.rollout.decode_slots = 64
+    config.train.micro_batch_size = 4
+    config.mesh.train_slices = 1  # one training slice the 15 agents take in turn
+    config.eval.enabled = False  # no evals: this variant checks scale, not learning
+
+
+VARIANT_CHANGES = {**tiny.VARIANT_CHANGES, "cpu": _cpu, "cpu_smoke": _cpu_smoke, "lora": _lora,
+                   "lora_mixture15": _lora_mixture15}
 VARIANTS = tuple(VARIANT_CHANGES)
