@@ -9,7 +9,7 @@ one prefill; `prefill_batch` prefills several same-bucket prompts in one call);
 `generate` samples one token per slot from the stored logits, records its behaviour
 log-prob, and runs one decode step so the slot holds the logits for the
 token after it. So the first `generate` after `insert` emits the first new token,
-exactly as JetStream's Driver expects.
+exactly as JetStream's Driver expects. (The prefix and the decode state are in decode_state.py.)
 
 Compiles stay bounded: prefill and insert compile once per (prompt-length bucket,
 prefill batch size), generate once per slot bucket (the leading slots it steps). Sampling settings,
@@ -20,13 +20,11 @@ sequence's tokens do not depend on which slot it landed in or who else is decodi
 
 from __future__ import annotations
 
-import dataclasses
 from typing import Any
 
 import jax
 import jax.numpy as jnp
 import numpy as np
-from flax import struct
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 from flexmarl_jax.mesh.meshes import make_mesh
@@ -34,71 +32,12 @@ from flexmarl_jax.models import functional
 from flexmarl_jax.models.config import ModelConfig
 from flexmarl_jax.models.lora import AdaptedParams, AdapterBatch, LoraSpec, adapter_row, write_adapter_row
 from flexmarl_jax.rollout import engine_api
+from flexmarl_jax.rollout.decode_state import GREEDY, MIN_SLOT_BUCKET, DecodeState, Prefix, SlotSampling
 from flexmarl_jax.rollout.engine_shape import EngineShapeFromConfig
 from flexmarl_jax.rollout.engine_tokenizer import FlexTokenizer
 from flexmarl_jax.rollout.results import LogProbResultTokens
 from flexmarl_jax.rollout.sampling import sample_tokens
-from flexmarl_jax.rollout.settings import EngineConfig, validate_sampling
-
-
-@dataclasses.dataclass(frozen=True)
-class SlotSampling:
-    """Sampling settings of one request (all of its samples); see rollout/sampling.py."""
-
-    temperature: float = 0.0
-    top_k: int = 0
-    top_p: float = 1.0
-    seed: int = 0
-
-    def __post_init__(self) -> None:
-        validate_sampling(temperature=self.temperature, top_k=self.top_k, top_p=self.top_p, max_new_tokens=1)
-
-
-GREEDY = SlotSampling()
-# The smallest number of leading slots one generate steps (see FlexEngine.slot_bucket).
-MIN_SLOT_BUCKET = 4
-
-
-@struct.dataclass
-class Prefix:
-    """Result of one prefill of `rows` prompts (1 through the JetStream API): their KV caches and
-    the logits of each prompt's next token.
-
-    cache: dict(k=[layers, rows, bucket, kv_heads, head_dim], v=same).
-    next_logits: [rows, vocab] f32. true_length: [rows] i32 (prompt tokens, BOS included).
-    temperature/top_p: [rows] f32, top_k/seed: [rows] i32.
-    adapter: [rows] i32, the row of the engine's adapter table each prompt decodes with (0 without one).
-    """
-
-    cache: dict
-    next_logits: jax.Array
-    true_length: jax.Array
-    temperature: jax.Array
-    top_k: jax.Array
-    top_p: jax.Array
-    seed: jax.Array
-    adapter: jax.Array
-
-
-@struct.dataclass
-class DecodeState:
-    """Everything `generate` transforms; leading axis = slots.
-
-    cache: dict(k=[layers, slots, cache_length, kv_heads, head_dim], v=same).
-    next_logits: [slots, vocab] f32. positions, generated, top_k, seed, sample_index, adapter: [slots] i32.
-    temperature, top_p: [slots] f32.
-    """
-
-    cache: dict
-    next_logits: jax.Array
-    positions: jax.Array
-    generated: jax.Array
-    temperature: jax.Array
-    top_k: jax.Array
-    top_p: jax.Array
-    seed: jax.Array
-    sample_index: jax.Array
-    adapter: jax.Array
+from flexmarl_jax.rollout.settings import EngineConfig
 
 
 class FlexEngine(EngineShapeFromConfig, engine_api.Engine):
@@ -500,3 +439,6 @@ def _slot_key(seed, sample_index, step):
     """The PRNG key of one slot at one step: independent of slot placement and batch mates."""
     key = jax.random.fold_in(jax.random.key(seed.astype(jnp.uint32)), sample_index)
     return jax.random.fold_in(key, step)
+
+
+__all__ = ["GREEDY", "MIN_SLOT_BUCKET", "DecodeState", "FlexEngine", "FlexTokenizer", "Prefix", "SlotSampling"]

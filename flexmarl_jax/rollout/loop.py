@@ -252,11 +252,9 @@ class RolloutLoop:
             work.prefix = None
 
     def set_adapter(self, row: int, adapter: Any, spec: Any, policy_version: int) -> None:
-        """Replaces row `row` of the adapter table (a LoRA agent's new version) between steps, while sequences
-        of the other rows go on decoding. Only legal while no sequence decodes with that row: its tokens would
-        mix two versions. A caller that must not wait for them writes the new version into a spare row
-        instead, and later requests name that row (their old sequences finish on their own version). Requests still
-        queued for row `row` decode under the new version."""
+        """Replaces row `row` of the adapter table (a LoRA agent's new version) between steps, while other rows'
+        sequences decode; refused while a sequence decodes with `row` (it would mix versions: write a spare row
+        instead, rollout/adapter_rows.py). Requests still queued for `row` decode under the new version."""
         busy = self.sequences_on(row)
         if busy:
             raise RuntimeError(f"set_adapter({row}) while {busy} sequences decode with that row would mix policy "

@@ -44,7 +44,17 @@ from flexmarl_jax import faults
 from flexmarl_jax.rollout.loop import RolloutRequest, SequenceResult
 from flexmarl_jax.rollout.protocols import RoutableInstance
 from flexmarl_jax.rollout.routing_rules import max_retries_problem
-from flexmarl_jax.rollout.routing_state import BROKEN, DRAINING, LOADING, SERVING, Attempt, Job, LoadHeaps, Member
+from flexmarl_jax.rollout.routing_state import (
+    BROKEN,
+    DRAINING,
+    LOADING,
+    SERVING,
+    Attempt,
+    Job,
+    LoadHeaps,
+    Member,
+    members_of,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -90,31 +100,15 @@ class RequestRouter:
         self.timeout_s, self.max_retries, self.clock = timeout_s, max_retries, clock
         self._migration_listeners = [on_migrated] if on_migrated is not None else []
         self._lock = threading.RLock()
-        self._members: dict[str, Member] = {}
-        self._queues: dict[str, collections.deque[Job]] = {}
         self._loads = LoadHeaps(instances)
         self._weights: dict[str, tuple[Any, int]] = dict(initial_weights or {})
         self._weights_generation: collections.Counter = collections.Counter()
         self._weights_provider = weights_provider or self.current_weights
         self._attempt_ids = itertools.count()
         self.stats = collections.Counter()  # submitted / completed / timeouts / retries / failed / migrations
-        serves: dict[str, list[str]] = {}  # instance name -> the agents it is listed under
-        for agent, agent_instances in instances.items():
-            if not agent_instances:
-                raise ValueError(f"agent {agent!r} has no engine instance; every agent needs at least one")
-            self._queues[agent] = collections.deque()
-            for instance in agent_instances:
-                known = self._members.get(instance.name)
-                if known is not None and known.instance is not instance:
-                    raise ValueError(f"instance name {instance.name!r} is used twice; names must be unique")
-                serves.setdefault(instance.name, []).append(agent)
-                if known is None:
-                    capacity = int(instance.capacity)
-                    if capacity < 1:
-                        raise ValueError(f"instance {instance.name!r} has capacity {capacity}; needs >= 1")
-                    self._members[instance.name] = Member(instance, agent, capacity, instance.architecture)
-        for name, member in self._members.items():
-            member.serves = tuple(serves[name])
+        self._members = members_of(instances)
+        self._queues = {agent: collections.deque() for agent in instances}
+        for member in self._members.values():
             self._loads.track(member)
 
     # ------------------------------------------------------------------ queries

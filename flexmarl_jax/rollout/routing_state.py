@@ -17,7 +17,7 @@ import concurrent.futures
 import dataclasses
 import heapq
 import itertools
-from collections.abc import Hashable, Iterable
+from collections.abc import Hashable, Iterable, Mapping, Sequence
 
 from flexmarl_jax.rollout.loop import RolloutRequest
 from flexmarl_jax.rollout.protocols import RoutableInstance
@@ -109,6 +109,29 @@ class Member:
             self.samples -= attempt.samples
             self.tokens -= attempt.tokens
         return attempt
+
+
+def members_of(instances: Mapping[str, Sequence[RoutableInstance]]) -> dict[str, Member]:
+    """The router's members by instance name, from agent -> its instances (at least one each, names unique, each
+    capacity >= 1). An instance listed under several agents is one member that serves them all."""
+    members: dict[str, Member] = {}
+    serves: dict[str, list[str]] = {}  # instance name -> the agents it is listed under
+    for agent, agent_instances in instances.items():
+        if not agent_instances:
+            raise ValueError(f"agent {agent!r} has no engine instance; every agent needs at least one")
+        for instance in agent_instances:
+            known = members.get(instance.name)
+            if known is not None and known.instance is not instance:
+                raise ValueError(f"instance name {instance.name!r} is used twice; names must be unique")
+            serves.setdefault(instance.name, []).append(agent)
+            if known is None:
+                capacity = int(instance.capacity)
+                if capacity < 1:
+                    raise ValueError(f"instance {instance.name!r} has capacity {capacity}; needs >= 1")
+                members[instance.name] = Member(instance, agent, capacity, instance.architecture)
+    for name, member in members.items():
+        member.serves = tuple(serves[name])
+    return members
 
 
 class LoadHeaps:
