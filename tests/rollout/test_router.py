@@ -264,3 +264,45 @@ def test_timeout_cancels_on_a_real_instance_and_retries_elsewhere(engine, tiny_m
                                                                                 max_new_tokens=5)])[0]
     assert [r.token_ids for r in results] == [r.token_ids for r in reference]  # same seeds, same samples
     assert router.stats["timeouts"] == 1 and router.stats["retries"] == 1 and router.stats["completed"] == 1
+
+
+class SharedFake(FakeInstance):
+    """One instance serving several agents at once (a LoRA base group's engine): any of its agents' requests, one
+    capacity for all of them, and a per-agent weight sync."""
+
+    def __init__(self, name: str, agents: tuple[str, ...], capacity: int):
+        super().__init__(name, agents[0], capacity=capacity, architecture=("tiny", agents))
+        self.agents, self.synced = agents, []
+
+    def submit(self, request: RolloutRequest) -> None:
+        if AGENTS[request.prompt_ids[1]] not in self.agents:
+            self.violations.append(f"{self.name} got a request of an agent it does not serve")
+        if sum(r.num_samples for r in self.held) + request.num_samples > self.capacity and self.held:
+            self.violations.append(f"{self.name} over capacity")
+        self.held.append(request)
+
+    def update_params(self, params, version) -> None:
+        self.violations.append("a shared instance synced without naming the agent")
+
+    def update_agent_params(self, agent, params, version) -> None:
+        self.synced.append((agent, params, version))
+
+
+def test_an_instance_shared_by_two_agents_takes_both_within_one_capacity_and_never_moves():
+    shared = SharedFake("group", ("planner", "solver"), capacity=3)
+    critic = FakeInstance("c", "critic")
+    router = RequestRouter({"planner": [shared], "solver": [shared], "critic": [critic]}, timeout_s=None,
+                           max_retries=1, initial_weights={agent: (agent, 0) for agent in AGENTS})
+    assert router.instances_of("planner") == router.instances_of("solver") == [shared]
+    futures = [router.submit(AGENTS[agent], RolloutRequest((n, agent), num_samples=1, max_new_tokens=4))
+               for n, agent in enumerate([0, 1, 0, 1, 1])]
+    assert len(shared.held) == 3 and router.queue_lengths() == {"planner": 0, "solver": 2, "critic": 0}
+    shared.complete(0)  # a planner request ends: its slot goes to a solver request
+    assert len(shared.held) == 3 and sum(router.queue_lengths().values()) == 1
+    while shared.held:
+        shared.complete(0)
+    assert all(future.done() for future in futures) and not shared.violations
+    router.update_params("solver", "solver-v1", 1)
+    assert shared.synced == [("solver", "solver-v1", 1)]
+    with pytest.raises(ValueError, match=r"serves \['planner', 'solver'\] at once .* does not move"):
+        router.migrate("group", "critic")
