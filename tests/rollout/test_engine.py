@@ -92,9 +92,9 @@ def test_samples_share_one_prefill_and_are_reproducible(engine, tiny_model, monk
     calls = []
     original = FlexEngine.prefill_batch
 
-    def counting_prefill(self, params, padded_tokens, true_lengths, samplings):
+    def counting_prefill(self, params, padded_tokens, true_lengths, samplings, adapters=None):
         calls.append(len(true_lengths))
-        return original(self, params, padded_tokens, true_lengths, samplings)
+        return original(self, params, padded_tokens, true_lengths, samplings, adapters)
 
     monkeypatch.setattr(FlexEngine, "prefill_batch", counting_prefill)
     prompt = tuple(tiny_model.tokenizer.encode("hello"))
