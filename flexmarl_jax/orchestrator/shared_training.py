@@ -49,6 +49,7 @@ class PooledTrainer:
         self._shared, self._trainer = shared, trainer
         self.agent = trainer.agent
         self.model_config, self.config, self.graphdef = trainer.model_config, trainer.config, trainer.graphdef
+        self.base_record = trainer.base_record  # a LoRA agent's checkpoints name their base (train/checkpoint.py)
         self.policy_version = trainer.policy_version
         self.pending_micro_batches = trainer.pending_micro_batches
         self._active = None  # the residency's ActiveState while this agent holds a slice

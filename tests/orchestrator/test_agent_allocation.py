@@ -136,10 +136,12 @@ def test_four_agents_on_two_slices_match_dedicated_meshes_and_suspend_frees_the_
 
 
 @pytest.mark.timeout(300)
-def test_a_lora_group_on_two_slices_matches_dedicated_meshes_with_one_base_per_slice():
+def test_a_lora_group_on_two_slices_matches_dedicated_meshes_with_one_base_per_slice(tmp_path):
     """The proposers as rank-4 adapters on one base (the aggregator a full fine-tune): on 2 shared slices they
-    train as on 4 dedicated meshes; the group's base is not in any agent's moving state, and each slice holds
-    one copy of it for the whole group."""
+    train as on 4 dedicated meshes; the group's base is not in any agent's moving state, each slice holds one copy
+    of it for the whole group, and a pooled LoRA agent's checkpoint restores its policy."""
+    from flexmarl_jax.train.checkpoint import restore_policy, save_trainer
+
     _, _, _, initial, on_four = train(0, lora_rank=4)
     orchestrator, shared, records, _, on_two = train(2, lora_rank=4)
     for agent in AGENTS:
@@ -149,6 +151,10 @@ def test_a_lora_group_on_two_slices_matches_dedicated_meshes_with_one_base_per_s
     shared.residency.suspend_all()
     for agent in PROPOSERS:
         assert "base" not in shared.residency.read(agent) and "adapters" in shared.residency.read(agent)["trainable"]
+    save_trainer(orchestrator.trainers["proposer1"], tmp_path / "proposer1")
+    restored = restore_policy(tmp_path / "proposer1")
+    assert restored.policy_version == 2 and restored.lora.rank == 4
+    assert relative_difference(host_params(restored), on_two["proposer1"]) < 1e-6
     for mesh in agent_meshes()[:2]:
         placed = [shared.base_on(agent, mesh) for agent in PROPOSERS]
         assert all(leaf_a is leaf_b for other in placed[1:]
