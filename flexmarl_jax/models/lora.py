@@ -189,20 +189,16 @@ def adapter_table(adapters: Sequence[Mapping], specs: Sequence[LoraSpec], *, ran
     if rank is not None and rank < largest:
         raise ValueError(f"table rank {rank} is below its largest adapter's rank {largest}")
     rank = largest if rank is None else int(rank)
-
-    def padded(array, rank_axis: int):
-        pad = [(0, 0)] * array.ndim
-        pad[rank_axis] = (0, rank - array.shape[rank_axis])
-        return jnp.pad(jnp.asarray(array), pad)
-
     weights = {}
     for target in sorted({target for tree in adapters for target in tree}):
         template = next(tree[target] for tree in adapters if target in tree)
         a_zero = jnp.zeros(template["a"].shape[:-1] + (rank,), template["a"].dtype)
         b_zero = jnp.zeros(template["b"].shape[:1] + (rank,) + template["b"].shape[2:], template["b"].dtype)
         weights[target] = {
-            "a": jnp.stack([padded(tree[target]["a"], -1) if target in tree else a_zero for tree in adapters]),
-            "b": jnp.stack([padded(tree[target]["b"], 1) if target in tree else b_zero for tree in adapters]),
+            "a": jnp.stack([_pad_rank(tree[target]["a"], -1, rank) if target in tree else a_zero
+                            for tree in adapters]),
+            "b": jnp.stack([_pad_rank(tree[target]["b"], 1, rank) if target in tree else b_zero
+                            for tree in adapters]),
         }
     scales = jnp.asarray([spec.scale for spec in specs], jnp.float32)
     return AdapterBatch(weights, scales)
@@ -227,15 +223,22 @@ def adapter_row(batch: AdapterBatch, index: int, adapter: Mapping, spec: LoraSpe
     missing = sorted(set(adapter) - set(batch.weights))
     if missing:
         raise ValueError(f"adapter {index} has targets {missing}, which the table lacks")
+    # Padded where the adapter already is (a weight sync places it on the engine's devices): no trip to the host.
     row = {}
     for target, pair in batch.weights.items():
-        a = np.zeros(pair["a"].shape[1:], pair["a"].dtype)
-        b = np.zeros(pair["b"].shape[1:], pair["b"].dtype)
         if target in adapter:
-            a[..., : spec.rank] = np.asarray(adapter[target]["a"], a.dtype)
-            b[:, : spec.rank] = np.asarray(adapter[target]["b"], b.dtype)
-        row[target] = {"a": a, "b": b}
+            row[target] = {"a": _pad_rank(adapter[target]["a"], -1, rank).astype(pair["a"].dtype),
+                           "b": _pad_rank(adapter[target]["b"], 1, rank).astype(pair["b"].dtype)}
+        else:
+            row[target] = {name: jnp.zeros(pair[name].shape[1:], pair[name].dtype) for name in ("a", "b")}
     return row
+
+
+def _pad_rank(array, rank_axis: int, rank: int) -> jax.Array:
+    """`array` zero-padded along `rank_axis` to `rank` (zero rank columns change no output)."""
+    pad = [(0, 0)] * array.ndim
+    pad[rank_axis] = (0, rank - array.shape[rank_axis])
+    return jnp.pad(jnp.asarray(array), pad)
 
 
 def write_adapter_row(batch: AdapterBatch, index, row: Mapping, scale) -> AdapterBatch:

@@ -152,14 +152,14 @@ class PooledTrainer:
 
     @property
     def rollout_weights(self):
-        """What a weight sync sends, as a host copy: the policy parameters, or a LoRA agent's adapter alone."""
+        """What a weight sync sends, as a host copy: the policy parameters (`params`), or a LoRA agent's adapter."""
+        if not self._shared.is_lora(self.agent):
+            return self.params
         with self._lock:
             if self._active is not None:
                 return jax.tree.map(_host_copy, self._trainer.rollout_weights)
-            state = self._shared.residency.read(self.agent)
-            if self._shared.is_lora(self.agent):
-                return jax.tree.map(_host_copy, AgentAdapter(state["trainable"]["adapters"], self._trainer.config.lora))
-            return jax.tree.map(_host_copy, state["trainable"]["policy"])
+            adapters = self._shared.residency.read(self.agent)["trainable"]["adapters"]
+            return jax.tree.map(_host_copy, AgentAdapter(adapters, self._trainer.config.lora))
 
     def checkpoint_state(self) -> dict:
         """{"trainable", "opt_state"[, "reference"]} as stored (at an iteration boundary, not active)."""
