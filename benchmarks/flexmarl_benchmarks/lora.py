@@ -11,19 +11,25 @@ after training), at a fixed decode batch of `--slots` sequences of `--new-tokens
                           trainer against a full fine-tune's, on one device
   sync                    one agent's weight sync staged through the StateStore onto the engine and swapped in
                           at the next step boundary: its adapter (into its spare row) against the whole model
+  memory                  peak resident memory of a process holding the largest N's team (one engine, N LoRA
+                          trainers on one base) against one holding one full-fine-tune agent, each process decoding
+                          a batch and taking a training step per agent (`_lora_memory`; `--no-memory` skips it)
 
 Timed windows hold steady iterations only: every engine and trainer is compiled and run once first, and the
 compile seconds are reported apart. Each figure is the median of `--repeats`. The top level of the JSON carries
 the issue's ratios: `mixed_vs_base_tokens_per_s` (N = 3, or the smallest N), `mixed15_vs_separate_engines_tokens_
-per_s` (the largest N), `adapter_sync_speedup`, `adapter_sync_bytes_fraction`; `team15_peak_memory_vs_one_full_
-agent` is not measured here (it needs a team and a full agent in processes of their own) and is null.
+per_s` (the largest N), `adapter_sync_speedup`, `adapter_sync_bytes_fraction` and `team15_peak_memory_vs_one_full_
+agent` (the largest N's team; null with `--no-memory`).
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import statistics
+import subprocess
+import sys
 import threading
 import time
 
@@ -197,6 +203,28 @@ def _sync_figures(model_config, graphdef, tokenizer, base, adapters, spec, args)
             "bytes_fraction": adapter_runs[0][1] / full_runs[0][1]}
 
 
+def _peak_memory(args: argparse.Namespace, kind: str, agents: int) -> int:
+    """Peak resident bytes of a process holding `kind` ("team" of `agents`, or "full": one agent), each in a
+    process of its own (`_lora_memory`): a process's peak never goes down, so one process cannot measure both."""
+    folder = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [folder, os.environ.get("PYTHONPATH")]))}
+    env.pop("XLA_FLAGS", None)  # the side process fakes its own two devices
+    spec = {"kind": kind, "model": args.model, "agents": agents, "rank": args.rank, "slots": args.slots,
+            "new_tokens": args.new_tokens, "prompt_bucket": args.prompt_bucket}
+    done = subprocess.run([sys.executable, "-m", "flexmarl_benchmarks._lora_memory", json.dumps(spec)], env=env,
+                          capture_output=True, text=True, check=False)
+    if done.returncode != 0:
+        raise RuntimeError(f"the {kind} memory process failed ({done.returncode}):\n{done.stderr[-3000:]}")
+    return int(json.loads(done.stdout.strip().splitlines()[-1])["peak_rss_bytes"])
+
+
+def _memory_figures(args: argparse.Namespace) -> dict:
+    team_agents = max(args.agents)
+    team, full = _peak_memory(args, "team", team_agents), _peak_memory(args, "full", 1)
+    return {"agents": team_agents, "team_peak_rss_bytes": team, "full_peak_rss_bytes": full,
+            "team_vs_full": team / full}
+
+
 def run(args: argparse.Namespace) -> dict:
     import jax
 
@@ -246,13 +274,17 @@ def run(args: argparse.Namespace) -> dict:
     result["sync"] = _sync_figures(model_config, graphdef, tokenizer, base,
                                    _trained_adapters(model_config, spec, 2, args.seed), spec, args)
     print("sync: " + ", ".join(f"{k} {v:.3g}" for k, v in result["sync"].items()), flush=True)
+    if args.memory:
+        result["memory"] = _memory_figures(args)
+        print("memory: " + ", ".join(f"{k} {v:.4g}" for k, v in result["memory"].items()), flush=True)
     smallest, largest = str(min(args.agents)), str(max(args.agents))
     result.update(
         mixed_vs_base_tokens_per_s=result["agents"][str(3 if 3 in args.agents else min(args.agents))][
             "mixed_vs_base_tokens_per_s"],
         mixed15_vs_separate_engines_tokens_per_s=result["agents"][largest].get("mixed_vs_separate_tokens_per_s"),
         adapter_sync_speedup=result["sync"]["speedup"], adapter_sync_bytes_fraction=result["sync"]["bytes_fraction"],
-        team15_peak_memory_vs_one_full_agent=None, smallest_agents=int(smallest), largest_agents=int(largest),
+        team15_peak_memory_vs_one_full_agent=result["memory"]["team_vs_full"] if args.memory else None,
+        smallest_agents=int(smallest), largest_agents=int(largest),
         device=str(jax.devices()[0].platform))
     return result
 
@@ -271,6 +303,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--train-len", type=int, default=128)
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--no-memory", dest="memory", action="store_false",
+                        help="leave out the peak-memory figure (two side processes, a minute or two each)")
     parser.add_argument("--json", default=None)
     args = parser.parse_args(argv)
     try:
