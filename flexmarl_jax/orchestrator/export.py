@@ -165,14 +165,16 @@ def _check_output(out: str, force: bool, protected: list[str]) -> None:
         raise ExportError(f"--out {out} is not empty; pass --force to replace it")
 
 
-def restore_matching_policy(checkpoints: str, policy_version: int | None, source: _Source, agent: str):
+def restore_matching_policy(checkpoints: str, policy_version: int | None, source: _Source, agent: str, *,
+                            merged: bool = True):
     """The saved policy, after checking that the agent's model source still describes it (the tokenizer
-    files come from that source, so a source that changed since training would export the wrong ones)."""
+    files come from that source, so a source that changed since training would export the wrong ones).
+    `merged=False`: a LoRA agent's adapter without its base (`restore_policy`)."""
     # lazy: train.checkpoint loads JAX and Orbax, which `flexmarl import-gguf` (cli/import_gguf.py) needs not
     from flexmarl_jax.train.checkpoint import restore_policy
 
     try:
-        snapshot = restore_policy(checkpoints, policy_version)
+        snapshot = restore_policy(checkpoints, policy_version, merged=merged)
     except (ValueError, FileNotFoundError) as error:  # arrays that miss the model's shapes; a LoRA base changed
         raise ExportError(str(error)) from None
     except CheckpointCorrupted as error:  # its files changed since the save, or the save never finished

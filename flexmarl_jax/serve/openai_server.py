@@ -57,7 +57,9 @@ def load_served_models(workdir: str, agents: Sequence[str] | None = None, *, ver
     names = list(agents) if agents else list(team_agents(run.workflow))
     groups = lora_base_groups(run, order=names)
     devices = jax.devices()
-    loaded = {name: load_agent(workdir, name, version=version, run=run) for name in names}
+    # A group's agents are loaded unmerged: their engine reads the base once, not one merged model per agent.
+    loaded = {name: load_agent(workdir, name, version=version, run=run, merged=len(groups.get(name, (name,))) == 1)
+              for name in names}
     models, shared = {}, {}
     for index, name in enumerate(names):
         agent, group = loaded[name], groups.get(name, (name,))

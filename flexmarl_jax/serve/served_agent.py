@@ -52,7 +52,8 @@ class ServedAgent:
     policy_version: int
     model_config: ModelConfig
     graphdef: Any
-    params: Any  # on one CPU device; `build_engine` places them (a LoRA agent's base with its adapter merged)
+    params: Any  # on one CPU device; `build_engine` places them (a LoRA agent's base with its adapter merged;
+    # None when loaded unmerged for a base group's engine)
     tokenizer: Any  # models/tokenizer.py `Tokenizer`
     lora: LoraSpec | None = None  # a LoRA agent's spec, adapter and base record (`build_group_engine`)
     adapters: Any = None
@@ -67,8 +68,10 @@ def read_run(workdir: str):
         raise ServeError(str(error)) from None
 
 
-def load_agent(workdir: str, agent: str, *, version: int | None = None, run=None) -> ServedAgent:
-    """``agent``'s policy at ``version`` (default: the latest checkpoint) from a run's workdir.
+def load_agent(workdir: str, agent: str, *, version: int | None = None, run=None, merged: bool = True
+               ) -> ServedAgent:
+    """``agent``'s policy at ``version`` (default: the latest checkpoint) from a run's workdir. ``merged=False``
+    for a LoRA agent that a base group's engine serves (`build_group_engine`): its adapter only, params None.
 
     Raises ServeError for an unknown agent (naming the run's agents), a version that was not saved (naming the
     saved ones), or a checkpoint that no longer matches the agent's model.
@@ -77,7 +80,7 @@ def load_agent(workdir: str, agent: str, *, version: int | None = None, run=None
     try:
         source = agent_source(run, agent, workdir)
         checkpoints = saved_checkpoints(workdir, agent, version)
-        snapshot = restore_matching_policy(checkpoints, version, source, agent)
+        snapshot = restore_matching_policy(checkpoints, version, source, agent, merged=merged)
     except ExportError as error:
         raise ServeError(str(error)) from None
     return ServedAgent(agent, snapshot.policy_version, snapshot.model_config, snapshot.graphdef, snapshot.params,
@@ -133,18 +136,19 @@ def build_engine(agent: ServedAgent, engine_config: EngineConfig, device: Any):
 
 def build_group_engine(agents: Sequence[ServedAgent], engine_config: EngineConfig, device: Any):
     """One `FlexEngine` for several LoRA agents of one base (a run's base group): the base once, read again from
-    the record of the first agent's checkpoint, and a table with two rows per agent (its current and spare rows,
-    `rollout/adapter_rows.py`), both its adapter. Returns (engine, `AdaptedParams`); the agents' requests name
-    their agent (`RolloutRequest.agent`) on an `EngineInstance(adapter_agents=...)`."""
+    the record of the first agent's checkpoint (the agents may be loaded unmerged), and a table with two rows per
+    agent (its current and spare rows, `rollout/adapter_rows.py`), both its adapter. Returns (engine,
+    `AdaptedParams`); the agents' requests name their agent (`RolloutRequest.agent`) on an
+    `EngineInstance(adapter_agents=...)`."""
     first = agents[0]
     if any(agent.lora is None or agent.base_record != first.base_record for agent in agents):
         raise ServeError(f"agents {[agent.name for agent in agents]} are not LoRA agents of one base")
     check_jetstream_shapes(engine_config, first.model_config, first.name)
     mesh = make_mesh([device], fsdp=1)
-    _, base = load_base(first.base_record, first.model_config, NamedSharding(mesh, PartitionSpec()))
+    graphdef, base = load_base(first.base_record, first.model_config, NamedSharding(mesh, PartitionSpec()))
     base = jax.device_put(base, param_shardings(base, mesh))
     rows = [jax.tree.map(np.asarray, agent.adapters) for agent in agents for _ in range(2)]
     table = adapter_table(rows, [agent.lora for agent in agents for _ in range(2)])
     params = AdaptedParams(base, jax.device_put(table, NamedSharding(mesh, PartitionSpec())))
-    engine = FlexEngine(first.model_config, first.graphdef, engine_config, first.tokenizer, mesh=mesh, params=params)
+    engine = FlexEngine(first.model_config, graphdef, engine_config, first.tokenizer, mesh=mesh, params=params)
     return engine, params

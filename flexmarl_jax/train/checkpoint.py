@@ -178,7 +178,8 @@ class PolicySnapshot(NamedTuple):
     policy_version: int
     model_config: ModelConfig
     graphdef: Any
-    params: nnx.State  # on one device, in the dtype the trainer kept; a LoRA agent's base with its adapter merged
+    params: nnx.State | None  # on one device, in the trainer's dtype; a LoRA agent's base with its adapter merged
+    # (None where `restore_policy(merged=False)` left a LoRA agent's base unread)
     lora: LoraSpec | None = None  # a LoRA agent's spec, with its adapter and base record:
     adapters: dict | None = None
     base: dict | None = None
@@ -203,12 +204,14 @@ def _reader(directory) -> ocp.CheckpointManager:
 
 
 def restore_policy(directory: str | os.PathLike, policy_version: int | None = None, *,
-                   device: jax.Device | None = None) -> PolicySnapshot:
+                   device: jax.Device | None = None, merged: bool = True) -> PolicySnapshot:
     """Reads only the policy parameters of one agent's checkpoint onto one device (default: the first CPU).
 
     Builds no trainer and reads no optimizer state, so exporting a model needs memory for its parameters
     only. ``policy_version=None`` takes the latest. The arrays keep the dtype they were saved in. The step is
-    verified against its manifest first (CheckpointCorrupted).
+    verified against its manifest first (CheckpointCorrupted). ``merged=False``: a LoRA agent's snapshot carries
+    its adapter and base record but no params, and the base is not read (an engine serving a base group reads it
+    once for all its agents); a full fine-tune's params are read either way.
     """
     directory = orbax_directory(directory)
     versions = checkpoint_versions(directory)
@@ -223,7 +226,7 @@ def restore_policy(directory: str | os.PathLike, policy_version: int | None = No
         saved = manager.item_metadata(step)["state"]
         model_config = ModelConfig(**meta["model_config"])
         if _lora_of(meta)["rank"]:
-            return _restore_lora_policy(manager, directory, step, meta, saved, sharding)
+            return _restore_lora_policy(manager, directory, step, meta, saved, sharding, merged)
         dtype = saved[_POLICY_PREFIX + "embed.embedding.value"].dtype
         graphdef, abstract = abstract_model(model_config, dtype=dtype)
         policy = _restore_partial(manager, directory, step, saved, {"trainable": {"policy": abstract}},
@@ -248,14 +251,19 @@ def _restore_partial(manager, directory, step, saved, tree, sharding) -> Any:
     return jax.tree_util.tree_unflatten(treedef, [restored[name] for name in expected])
 
 
-def _restore_lora_policy(manager, directory, step, meta, saved, sharding) -> PolicySnapshot:
-    """A LoRA agent's policy: its adapter from the checkpoint, merged onto the base its meta records."""
+def _restore_lora_policy(manager, directory, step, meta, saved, sharding, merged: bool) -> PolicySnapshot:
+    """A LoRA agent's policy: its adapter from the checkpoint, merged onto the base its meta records (unless not
+    `merged`: then params is None and the base is not read)."""
     lora = meta["lora"]
     spec = LoraSpec(lora["rank"], lora["alpha"], tuple(lora["targets"]))
     model_config = ModelConfig(**meta["model_config"])
     abstract = jax.eval_shape(functools.partial(init_adapters, model_config, spec, seed=0))
     adapters = _restore_partial(manager, directory, step, saved, {"trainable": {"adapters": abstract}},
                                 sharding)["trainable"]["adapters"]
+    if not merged:
+        graphdef, _ = abstract_model(model_config, dtype=jnp.dtype(meta["base"]["dtype"]))
+        return PolicySnapshot(int(meta["policy_version"]), model_config, graphdef, None, lora=spec, adapters=adapters,
+                              base=dict(meta["base"]))
     graphdef, base = load_base(meta["base"], model_config, sharding)
     return PolicySnapshot(int(meta["policy_version"]), model_config, graphdef, merge_adapter(base, adapters, spec),
                           lora=spec, adapters=adapters, base=dict(meta["base"]))

@@ -50,7 +50,8 @@ def trained(tmp_path_factory):
 @pytest.mark.timeout(600)
 def test_adapter_checkpoints_hold_the_adapter_and_name_the_base(trained):
     """A LoRA agent's checkpoint is its adapter and optimizer state: a few percent of the full fine-tune's
-    beside it; the restored policy is the base with that adapter merged, moved by training."""
+    beside it; the restored policy is the base with that adapter merged, moved by training; restored unmerged,
+    the same adapter without the base."""
     from flexmarl_jax.models.sources import weights_digest
     from flexmarl_jax.train.checkpoint import restore_policy
 
@@ -64,6 +65,10 @@ def test_adapter_checkpoints_hold_the_adapter_and_name_the_base(trained):
     assert float(jnp.max(jnp.abs(snapshot.adapters["q_proj"]["b"]))) > 0
     verifier = restore_policy(os.path.join(root, "verifier"))
     assert sorted(verifier.adapters) == ["q_proj", "v_proj"] and verifier.lora.rank == 4
+    unmerged = restore_policy(os.path.join(root, "solver"), merged=False)  # what a group's serving engine reads
+    assert unmerged.params is None and unmerged.base == snapshot.base and unmerged.lora == snapshot.lora
+    for ours, merged_read in zip(jax.tree.leaves(unmerged.adapters), jax.tree.leaves(snapshot.adapters), strict=True):
+        assert np.array_equal(np.asarray(ours), np.asarray(merged_read))
 
 
 @pytest.mark.timeout(600)
