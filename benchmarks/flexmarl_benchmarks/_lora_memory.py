@@ -11,8 +11,10 @@ Two devices, as a disaggregated run has: the rollout on the first, training on t
         state)
 Each then decodes one batch (`slots` sequences, `new_tokens` each) and takes one training step per agent, so
 activations, caches and the optimizer's moments are all allocated. It prints one JSON line:
-{"kind", "peak_rss_bytes"}: the process's peak resident set (`getrusage`), which includes what JAX and the
-checkpoint's host copy cost, equally for both kinds.
+{"kind", "peak_rss_bytes"}: the process's peak resident set, which includes what JAX and the checkpoint's host
+copy cost, equally for both kinds. It is read from /proc/self/status (VmHWM: this program's own peak), not
+`getrusage`: Linux carries ru_maxrss over fork and exec, so a child of a large bench process would report the
+bench's peak instead of its own.
 """
 
 from __future__ import annotations
@@ -22,6 +24,20 @@ import json
 import os
 import resource
 import sys
+
+
+def _own_peak_rss_bytes() -> int:
+    """This process image's peak resident bytes: VmHWM where /proc has it, else getrusage (kilobytes on Linux,
+    bytes on macOS, which has no /proc)."""
+    try:
+        with open("/proc/self/status") as status:
+            for line in status:
+                if line.startswith("VmHWM:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    return peak if sys.platform == "darwin" else peak * 1024
 
 
 def main(argv: list[str]) -> int:
@@ -83,7 +99,7 @@ def main(argv: list[str]) -> int:
         trainer.apply()
         jax.block_until_ready(jax.tree.leaves(trainer.rollout_weights))
         trainers.append(trainer)
-    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024  # Linux reports kilobytes
+    peak = _own_peak_rss_bytes()
     print(json.dumps({"kind": spec["kind"], "agents": count, "peak_rss_bytes": peak}), flush=True)
     return 0
 
