@@ -131,6 +131,7 @@ def base_config() -> ml_collections.ConfigDict:
     config.train.tis_cap = 2.0  # max_staleness > 0: cap (>= 1) of each token's importance weight pi_old / pi_behaviour
     config.train.remat = False  # rematerialise each decoder layer in training: less memory, ~1 more forward
     config.train.rows_per_pass = 0  # rows of one forward+backward pass (divides micro_batch_size); 0 = all
+    config.train.pack_rows = False  # pack each micro-batch's sequences into as few rows as hold them (same loss)
     config.train.kl_coef = 0.0  # weight of the KL to each agent's frozen initial policy; > 0 keeps that copy in memory
 
     config.mesh = ml_collections.ConfigDict()

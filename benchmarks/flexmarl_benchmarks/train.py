@@ -12,6 +12,10 @@ Measured side by side in one process on the same data and initial weights:
   * tokens_per_s: real (non-padding) tokens of the global batch per second of the k=4 iteration.
   * grpo_*: single-agent GRPO on the toy repeat-the-char task, mean reward of the first and last
     iterations for each seed.
+  * packed_vs_padded_tokens_per_s: real tokens/s of an iteration with `train.pack_rows` (train/packing.py)
+    against the same iteration padded, on long-tailed responses (log-normal around `--packing-median` tokens,
+    capped at `--packing-max-len`), runs interleaved, medians; with the packed gradient's relative error against
+    the padded one and both batches' padding fractions (under `packing`).
 """
 
 from __future__ import annotations
@@ -40,6 +44,63 @@ def _rows(num_samples: int, max_len: int, seed: int) -> dict:
     return dict(prompt_ids=prompts, response_ids=responses,
                 behaviour_logprobs=[(-4.6 + 0.1 * rng.normal(size=len(r))).tolist() for r in responses],
                 advantages=rng.normal(size=num_samples).tolist())
+
+
+def _long_tailed_rows(num_samples: int, max_len: int, median: int, seed: int) -> dict:
+    """Rows whose response lengths are log-normal around `median` (sigma 1, as RL responses' long tail), capped so
+    prompt + response fit `max_len`; prompts of 8-32 tokens."""
+    rng = np.random.default_rng(seed)
+    prompts = [rng.integers(3, 100, size=int(rng.integers(8, 33))).tolist() for _ in range(num_samples)]
+    sizes = np.clip(np.round(median * np.exp(rng.normal(size=num_samples))), 1, None).astype(int)
+    responses = [rng.integers(3, 100, size=int(min(n, max_len + 1 - len(p)))).tolist()
+                 for n, p in zip(sizes, prompts, strict=True)]
+    return dict(prompt_ids=prompts, response_ids=responses,
+                behaviour_logprobs=[(-4.6 + 0.1 * rng.normal(size=len(r))).tolist() for r in responses],
+                advantages=rng.normal(size=num_samples).tolist())
+
+
+def _packing(args, model_config, mesh, initial, loss, optimizer) -> dict:
+    """Packed against padded training of one long-tailed iteration, side by side (see the module docstring)."""
+    from flexmarl_jax.train.batch import build_iteration
+    from flexmarl_jax.train.packing import pack_micro_batch, padding_fraction
+    from flexmarl_jax.train.trainer import AgentTrainer
+
+    micro, max_len = args.packing_micro_batch, args.packing_max_len
+    rows = _long_tailed_rows(args.batch, max_len, args.packing_median, seed=3)
+    batches = build_iteration(agent="bench", aggregation=loss.aggregation, micro_batch_size=micro, max_len=max_len,
+                              **rows)
+    trainers = {pack: AgentTrainer("bench", model_config, trainer_config(
+        micro_batch_size=micro, max_len=max_len, loss=loss, optimizer=optimizer, pack_rows=pack), mesh=mesh,
+        initial=initial) for pack in (False, True)}
+    for batch in batches:  # the gradients of the same weights, before any update
+        for trainer in trainers.values():
+            trainer.accumulate(batch)
+    grad_rel_err = _rel_err(trainers[True].accumulated_gradients(), trainers[False].accumulated_gradients())
+    compile_s = {}
+    for pack, trainer in trainers.items():
+        started = time.perf_counter()
+        trainer.apply()
+        _iteration(trainer, batches)  # every shape compiled (first pass above), so this one is steady too
+        compile_s["packed" if pack else "padded"] = time.perf_counter() - started
+    times = {False: [], True: []}
+    for _ in range(args.repeats):
+        for pack, trainer in trainers.items():
+            started = time.perf_counter()
+            _iteration(trainer, batches)
+            times[pack].append(time.perf_counter() - started)
+    real = int(sum(np.asarray(b.attention_mask).sum() for b in batches))
+    padded_s, packed_s = statistics.median(times[False]), statistics.median(times[True])
+    packed = [pack_micro_batch(b, trainers[True]._bin_counts()) for b in batches]
+    return {"micro_batch_size": micro, "max_len": max_len, "median_response": args.packing_median,
+            "real_tokens": real, "padded_rows": sum(b.shape[0] for b in batches),
+            "padded_positions": sum(b.shape[0] * b.shape[1] for b in batches),
+            "packed_rows": sum(b.shape[0] for b in packed),
+            "packed_positions": sum(b.shape[0] * b.shape[1] for b in packed),
+            "padded_padding_fraction": float(np.mean([padding_fraction(b) for b in batches])),
+            "packed_padding_fraction": float(np.mean([padding_fraction(b) for b in packed])),
+            "padded_iteration_s": padded_s, "packed_iteration_s": packed_s,
+            "padded_tokens_per_s": real / padded_s, "packed_tokens_per_s": real / packed_s,
+            "grad_rel_err": grad_rel_err, "untimed_s": compile_s}
 
 
 def _rel_err(a, b) -> float:
@@ -143,6 +204,11 @@ def run(args) -> dict:
         results["grpo"] = per_seed
         results["grpo_reward_before"] = float(np.mean([s["before"] for s in per_seed.values()]))
         results["grpo_reward_after"] = float(np.mean([s["after"] for s in per_seed.values()]))
+
+    # --- packing: long-tailed rows, packed against padded
+    if args.packing_max_len > 0:
+        packing = results["packing"] = _packing(args, model_config, mesh, initial, loss, optimizer)
+        results["packed_vs_padded_tokens_per_s"] = packing["packed_tokens_per_s"] / packing["padded_tokens_per_s"]
     return results
 
 
@@ -164,6 +230,14 @@ def _print(results: dict) -> None:
     table.add_row("tokens/s (k=4)", f"{results['tokens_per_s']:.0f}",
                   f"full-batch {results['full_batch_tokens_per_s']:.0f}",
                   f"{results['tokens_per_s'] / results['full_batch_tokens_per_s']:.3f}x")
+    if "packing" in results:
+        packing = results["packing"]
+        table.add_row(f"tokens/s packed ({packing['packed_positions']} positions)",
+                      f"{packing['packed_tokens_per_s']:.0f}",
+                      f"padded {packing['padded_tokens_per_s']:.0f} ({packing['padded_positions']} positions)",
+                      f"{results['packed_vs_padded_tokens_per_s']:.2f}x")
+        table.add_row("grad rel err, packed vs padded", f"{packing['grad_rel_err']:.2e}", "threshold 1e-5",
+                      f"{packing['grad_rel_err'] / 1e-5:.3f}")
     for seed, r in results.get("grpo", {}).items():
         table.add_row(f"GRPO toy mean reward, seed {seed}", f"{r['after']:.3f} (last 3 it.)",
                       f"{r['before']:.3f} (first 3 it.)", f"{r['after'] / max(r['before'], 1e-9):.1f}x")
@@ -182,6 +256,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--grpo-iterations", type=int, default=40, help="toy GRPO iterations (0 skips)")
     parser.add_argument("--grpo-seeds", type=int, default=3, help="toy GRPO seeds")
     parser.add_argument("--grpo-lr", type=float, default=3e-3, help="toy GRPO learning rate")
+    parser.add_argument("--packing-max-len", type=int, default=512,
+                        help="longest sequence of the packing comparison (0 skips it)")
+    parser.add_argument("--packing-median", type=int, default=32, help="median response length of its rows")
+    parser.add_argument("--packing-micro-batch", type=int, default=16, help="its micro-batch (rows)")
     args = parser.parse_args(argv)
     if args.batch % 8:
         parser.error(f"--batch={args.batch} must be divisible by 8 (k up to 8 micro-batches)")

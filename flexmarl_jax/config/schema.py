@@ -211,6 +211,9 @@ class TrainConfig(Section):
     rows_per_pass: int = setting(0, rule=at_least_zero,
                                  help="rows of one forward+backward pass; a micro-batch is trained in passes of this "
                                  "many rows (peak activations follow it); 0 = the whole micro-batch")
+    pack_rows: bool = setting(False, help="pack each micro-batch's sequences end to end into as few rows as hold "
+                              "them (train/packing.py): same loss and gradients, no compute on a long-tailed "
+                              "batch's padding")
     kl_coef: float = setting(0.0, rule=at_least_zero,
                              help="weight of the k3 KL to a frozen copy of each agent's initial policy in the loss; "
                              "0 = none, > 0 keeps that copy in every trainer's memory")

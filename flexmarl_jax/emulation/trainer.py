@@ -30,6 +30,7 @@ import numpy as np
 from flexmarl_jax.emulation.cost_model import CostModel
 from flexmarl_jax.emulation.engine import DeviceQueue, placeholder_params
 from flexmarl_jax.emulation.timescale import TimeScale
+from flexmarl_jax.train.packing import pack_micro_batch, packed_bin_counts
 
 
 @dataclasses.dataclass(frozen=True)
@@ -95,10 +96,18 @@ class EmulatedTrainer:
         self.device.run(device_s)
         self.charges.append(Charge(kind, rows, length, device_s))
 
+    def _charged_shape(self, batch: Any) -> tuple[int, int]:
+        """What the real trainer's step computes: (real rows, longest row), or with `pack_rows` (bins, the
+        batch's length), the bins packed as train/packing.py packs them, attention dense over each bin."""
+        if not self.config.pack_rows:
+            return micro_batch_shape(batch)
+        packed = pack_micro_batch(batch, packed_bin_counts(self.config.micro_batch_size, self.config.pass_rows))
+        return packed.shape
+
     def accumulate(self, batch: Any) -> None:
         with self._lock:
             self.activate()
-            rows, length = micro_batch_shape(batch)
+            rows, length = self._charged_shape(batch)
             self._run("micro_batch", rows, length, self.cost_model.train_micro_batch_s(rows, length) if rows else 0.0)
             self.pending_micro_batches += 1
 

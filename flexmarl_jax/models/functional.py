@@ -87,17 +87,29 @@ def causal_padding_mask(attention_mask: jax.Array) -> jax.Array:
     return causal[None] & attention_mask.astype(bool)[:, None, :]
 
 
+def segment_causal_mask(segment_ids: jax.Array) -> jax.Array:
+    """[B, T] segment ids (0 = padding, k >= 1 = the k-th sequence packed into the row) -> [B, T, T]: query t sees
+    keys s <= t of its own sequence only, so sequences packed into one row never attend to each other."""
+    t = segment_ids.shape[1]
+    causal = jnp.tril(jnp.ones((t, t), dtype=bool))
+    same = segment_ids[:, :, None] == segment_ids[:, None, :]
+    return causal[None] & same & (segment_ids > 0)[:, None, :]
+
+
 def forward(graphdef, params, tokens, positions, attention_mask, *, remat: bool = False,
-            adapters=None) -> jax.Array:
+            adapters=None, segment_ids=None) -> jax.Array:
     """Full-sequence logits for training and scoring.
 
     tokens/positions [B, T] int32, attention_mask [B, T] bool (False = padding) -> logits
     [B, T, V] float32. Causal by index within the row plus key padding. Pure and jit-able.
     remat: rematerialise each decoder layer under a gradient (same values, less memory; see DecoderLM).
     adapters: an `AdapterBatch` (models/lora.py), the LoRA adapter of every row, or None for the base model.
+    segment_ids: [B, T] int32 for rows holding several sequences (train/packing.py): attention stays inside each
+    sequence (`segment_causal_mask`); `positions` then restart at 0 for each.
     """
     model = nnx.merge(graphdef, params)
-    logits, _ = model(tokens, positions, causal_padding_mask(attention_mask), remat=remat, adapters=adapters)
+    mask = causal_padding_mask(attention_mask) if segment_ids is None else segment_causal_mask(segment_ids)
+    logits, _ = model(tokens, positions, mask, remat=remat, adapters=adapters)
     return logits
 
 

@@ -74,6 +74,8 @@ class MicroBatch:
         sampling; defaults to it, and the trainer recomputes it in its step with ``old_logprobs``.
     ref_logprobs: float32 log-probs under the frozen reference model (used only when the KL is on).
     old_values, returns: float32 critic values before the update and value targets (PPO only).
+    segment_ids: None, or for a packed micro-batch (train/packing.py) int32: which of the sequences packed into
+        the row each position belongs to (1, 2, ...; 0 on padding). Its rows are then bins, not sequences.
     agent: name of the agent whose rows these are (static metadata, checked by the trainer).
     """
 
@@ -90,6 +92,7 @@ class MicroBatch:
     ref_logprobs: jax.Array
     old_values: jax.Array
     returns: jax.Array
+    segment_ids: jax.Array | None = None
     agent: str = dataclasses.field(default="", metadata=dict(static=True))
 
     @property
@@ -100,12 +103,14 @@ class MicroBatch:
         return dataclasses.replace(self, **changes)
 
 
-jax.tree_util.register_dataclass(MicroBatch, data_fields=list(ARRAY_FIELDS), meta_fields=["agent"])
+jax.tree_util.register_dataclass(MicroBatch, data_fields=[*ARRAY_FIELDS, "segment_ids"], meta_fields=["agent"])
 
 
-def validate_micro_batch(batch: MicroBatch, *, agent: str, batch_size: int, max_len: int) -> None:
+def validate_micro_batch(batch: MicroBatch, *, agent: str, batch_size: int, max_len: int,
+                         bin_counts: tuple[int, ...] = ()) -> None:
     """Raises ValueError naming the offending field unless ``batch`` fits this agent's static shapes:
-    ``[batch_size, L]`` in every field, L one of `length_buckets(max_len)`.
+    ``[batch_size, L]`` in every field, L one of `length_buckets(max_len)`. A packed batch (``segment_ids`` set,
+    train/packing.py) has one of ``bin_counts`` rows instead, and int32 ``segment_ids`` of the same shape.
 
     Runs on the host before anything is traced or applied, so a bad batch never touches the accumulator.
     """
@@ -116,17 +121,22 @@ def validate_micro_batch(batch: MicroBatch, *, agent: str, batch_size: int, max_
     buckets = length_buckets(max_len)
     tokens_shape = tuple(getattr(batch.tokens, "shape", ()))
     length = tokens_shape[1] if len(tokens_shape) == 2 and tokens_shape[1] in buckets else max_len
-    for name in ARRAY_FIELDS:
+    packed = batch.segment_ids is not None
+    if packed and (not tokens_shape or tokens_shape[0] not in bin_counts):
+        raise ValueError(f"a packed micro-batch of {tokens_shape[:1]} bins; agent {agent!r} takes "
+                         f"{list(bin_counts) or 'no packed batches'} (train.pack_rows)")
+    rows = tokens_shape[0] if packed else batch_size
+    for name in ARRAY_FIELDS + (("segment_ids",) if packed else ()):
         value = getattr(batch, name)
         shape = tuple(getattr(value, "shape", ()))
-        if shape != (batch_size, length):
-            needs = f"({batch_size}, {max_len})" if len(buckets) == 1 else f"({batch_size}, L) with L in {buckets}"
+        if shape != (rows, length):
+            needs = f"({rows}, {max_len})" if len(buckets) == 1 else f"({rows}, L) with L in {buckets}"
             raise ValueError(
                 f"micro-batch field {name!r} has shape {shape}; agent {agent!r} needs {needs} "
                 "(every field alike); build it with build_micro_batch(...)"
             )
         dtype = np.dtype(value.dtype if hasattr(value, "dtype") else np.asarray(value).dtype)
-        if name in _INT_FIELDS:
+        if name in _INT_FIELDS or name == "segment_ids":
             ok, allowed = dtype == np.int32, "int32"
         elif name in _BOOL_FIELDS:
             ok, allowed = dtype == np.bool_, "bool"

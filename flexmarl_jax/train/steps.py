@@ -130,7 +130,7 @@ class TrainSteps:
     def logits(self, params, batch: MicroBatch) -> jax.Array:
         """[B, T, V] logits of the next token after each input token under ``params``."""
         return functional.forward(self.graphdef, params, batch.tokens, batch.positions, batch.attention_mask,
-                                  remat=self.config.remat)
+                                  remat=self.config.remat, segment_ids=batch.segment_ids)
 
     def token_logprobs(self, params, batch: MicroBatch) -> jax.Array:
         """[B, T] float32 log-prob of ``batch.targets`` under ``params``."""
@@ -143,7 +143,7 @@ class TrainSteps:
             return self.logits(trainable["policy"], batch)
         adapters = stack_adapters([trainable["adapters"]], [self.lora])
         return functional.forward(self.graphdef, frozen, batch.tokens, batch.positions, batch.attention_mask,
-                                  remat=self.config.remat, adapters=adapters)
+                                  remat=self.config.remat, adapters=adapters, segment_ids=batch.segment_ids)
 
     def policy_params(self, trainable, frozen):
         """The policy as one parameter tree: a LoRA agent's base with its adapter merged (what a full-model
@@ -169,7 +169,7 @@ class TrainSteps:
         state, so this is a regular linear value head.
         """
         logits = functional.forward(self.graphdef, critic["backbone"], batch.tokens, batch.positions,
-                                    batch.attention_mask, remat=self.config.remat)
+                                    batch.attention_mask, remat=self.config.remat, segment_ids=batch.segment_ids)
         return logits.astype(jnp.float32) @ critic["head"]["kernel"] + critic["head"]["bias"]
 
     def loss_and_metrics(self, trainable, frozen, batch: MicroBatch):

@@ -45,6 +45,7 @@ from flexmarl_jax.models.config import ModelConfig
 from flexmarl_jax.models.lora import AgentAdapter, init_adapters
 from flexmarl_jax.train.batch import ARRAY_FIELDS, MicroBatch, validate_micro_batch
 from flexmarl_jax.train.optim import OptimizerConfig
+from flexmarl_jax.train.packing import pack_micro_batch, packed_bin_counts
 from flexmarl_jax.train.steps import steps_for
 from flexmarl_jax.train.trainer_config import TrainerConfig
 from flexmarl_jax.transfer import across_processes
@@ -168,8 +169,30 @@ class AgentTrainer:
         """Micro-batches accumulated since the last `apply`."""
         return self._pending_micro_batches
 
+    def _bin_counts(self) -> tuple[int, ...]:
+        """How many bins a packed micro-batch of this trainer may have (train/packing.py): a pass's rows split
+        over "fsdp" need a multiple of its size."""
+        split = self._steps.batch.spec[0] == "fsdp"
+        return packed_bin_counts(self.config.micro_batch_size, self.config.pass_rows,
+                                 dict(self.mesh.shape).get("fsdp", 1) if split else 1)
+
+    def _packed_passes(self, batch: MicroBatch) -> list[MicroBatch]:
+        """A packed micro-batch checked, then run whole when it has at most `pass_rows` bins, else cut into passes
+        of `pass_rows` bins: the passes are the bins', fewer than the unpacked batch's."""
+        validate_micro_batch(batch, agent=self.agent, batch_size=self.config.micro_batch_size,
+                             max_len=self.config.max_len, bin_counts=self._bin_counts())
+        rows, bins = self.config.pass_rows, batch.shape[0]
+        if bins <= rows:
+            return [across_processes.put(batch.replace(agent=""), self._steps.batch)]
+        fields = (*ARRAY_FIELDS, "segment_ids")
+        return [across_processes.put(batch.replace(agent="", **{name: getattr(batch, name)[start:start + rows]
+                                                                for name in fields}), self._steps.batch)
+                for start in range(0, bins, rows)]
+
     def _place_passes(self, batch: MicroBatch) -> list[MicroBatch]:
         """The micro-batch checked, then cut into passes of `pass_rows` rows placed on the mesh."""
+        if batch.segment_ids is not None:
+            return self._packed_passes(batch)
         rows = self.config.pass_rows
         if rows == self.config.micro_batch_size:
             return [self._place(batch)]
@@ -197,9 +220,14 @@ class AgentTrainer:
     def accumulate(self, batch: MicroBatch) -> None:
         """Adds this micro-batch's gradient to the accumulator; parameters do not change.
 
-        Raises ValueError (before touching any state) for a batch of the wrong shape, dtype or agent.
+        Raises ValueError (before touching any state) for a batch of the wrong shape, dtype or agent. With
+        `pack_rows`, an unpacked batch is packed first (train/packing.py).
         """
         self._check_attached()
+        if self.config.pack_rows and batch.segment_ids is None:
+            validate_micro_batch(batch, agent=self.agent, batch_size=self.config.micro_batch_size,
+                                 max_len=self.config.max_len)
+            batch = pack_micro_batch(batch, self._bin_counts())
         for placed in self._place_passes(batch):
             self._accum = self._steps.accumulate_step(self._trainable, self._frozen, self._accum, placed)
         self._pending_micro_batches += 1

@@ -50,6 +50,9 @@ class TrainerConfig:
     # this many rows whose gradients add up in the accumulator, so peak activation memory (the float32
     # logits over a 150k vocabulary above all) follows this, not the micro-batch the pipeline claims.
     rows_per_pass: int
+    # Pack each micro-batch's sequences end to end into as few rows as hold them (train/packing.py): the step
+    # computes the bins, not the padding of a long-tailed batch; loss and gradients are unchanged.
+    pack_rows: bool
     # rank 0: train the whole model; else a LoRA adapter (float32) on the frozen base parameters, which are
     # `dtype` (train/steps.py)
     lora: LoraSpec
