@@ -30,7 +30,7 @@ import numpy as np
 from flexmarl_jax.emulation.cost_model import CostModel
 from flexmarl_jax.emulation.engine import DeviceQueue, placeholder_params
 from flexmarl_jax.emulation.timescale import TimeScale
-from flexmarl_jax.train.packing import pack_micro_batch, packed_bin_counts
+from flexmarl_jax.train.packing import packed_bin_counts, packed_shape
 
 
 @dataclasses.dataclass(frozen=True)
@@ -101,8 +101,7 @@ class EmulatedTrainer:
         batch's length), the bins packed as train/packing.py packs them, attention dense over each bin."""
         if not self.config.pack_rows:
             return micro_batch_shape(batch)
-        packed = pack_micro_batch(batch, packed_bin_counts(self.config.micro_batch_size, self.config.pass_rows))
-        return packed.shape
+        return packed_shape(batch, packed_bin_counts(self.config.micro_batch_size, self.config.pass_rows))
 
     def accumulate(self, batch: Any) -> None:
         with self._lock:

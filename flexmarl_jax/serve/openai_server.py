@@ -56,13 +56,14 @@ def load_served_models(workdir: str, agents: Sequence[str] | None = None, *, ver
     run = read_run(workdir)
     names = list(agents) if agents else list(team_agents(run.workflow))
     groups = lora_base_groups(run, order=names)
+    group_of = {name: groups.get(name, (name,)) for name in names}  # an agent outside a group serves alone
     devices = jax.devices()
     # A group's agents are loaded unmerged: their engine reads the base once, not one merged model per agent.
-    loaded = {name: load_agent(workdir, name, version=version, run=run, merged=len(groups.get(name, (name,))) == 1)
+    loaded = {name: load_agent(workdir, name, version=version, run=run, merged=len(group_of[name]) == 1)
               for name in names}
     models, shared = {}, {}
     for index, name in enumerate(names):
-        agent, group = loaded[name], groups.get(name, (name,))
+        agent, group = loaded[name], group_of[name]
         if group[0] in shared:  # served by its group leader's engine
             models[name] = ServedModel(name, agent.policy_version, shared[group[0]], agent.tokenizer)
             continue

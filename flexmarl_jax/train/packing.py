@@ -57,29 +57,41 @@ def first_fit_bins(lengths, capacity: int) -> list[list[int]]:
     return bins
 
 
+def _bin_layout(attention_mask, bin_counts: tuple[int, ...]) -> tuple[list[list[int]], np.ndarray, int]:
+    """(bins as lists of row indices, each row's token count, the number of bins allowed to hold them) of an
+    unpacked batch's [rows, L] attention mask: its non-empty rows first-fit into bins of length L."""
+    mask = np.asarray(attention_mask)
+    lengths = mask.sum(axis=1)
+    real = [row for row in range(mask.shape[0]) if lengths[row] > 0]
+    groups = [[real[member] for member in group]
+              for group in first_fit_bins([int(lengths[row]) for row in real], mask.shape[1])]
+    fitting = [count for count in bin_counts if count >= max(len(groups), 1)]
+    if not fitting:
+        raise ValueError(f"{len(groups)} bins do not fit any allowed bin count {bin_counts}")
+    return groups, lengths, fitting[0]
+
+
+def packed_shape(batch: MicroBatch, bin_counts: tuple[int, ...]) -> tuple[int, int]:
+    """(bins, length) that `pack_micro_batch` gives `batch`, without copying anything (the emulated trainer's
+    charge)."""
+    return _bin_layout(batch.attention_mask, bin_counts)[2], int(np.shape(batch.attention_mask)[1])
+
+
 def pack_micro_batch(batch: MicroBatch, bin_counts: tuple[int, ...]) -> MicroBatch:
     """`batch` (unpacked: one right-padded sequence per row) with its sequences packed into bins of the batch's
     length; the number of bins is the smallest of `bin_counts` that holds them (a ValueError when none does).
     All-padding rows (a short last micro-batch) are dropped; they carry no weight."""
     if batch.segment_ids is not None:
         raise ValueError("the micro-batch is packed already")
-    mask = np.asarray(batch.attention_mask)
-    length = mask.shape[1]
-    lengths = mask.sum(axis=1)
-    real = [row for row in range(mask.shape[0]) if lengths[row] > 0]
-    groups = first_fit_bins([int(lengths[row]) for row in real], length)
-    fitting = [count for count in bin_counts if count >= max(len(groups), 1)]
-    if not fitting:
-        raise ValueError(f"{len(groups)} bins do not fit any allowed bin count {bin_counts}")
-    shape = (fitting[0], length)
+    groups, lengths, bins = _bin_layout(batch.attention_mask, bin_counts)
+    shape = (bins, int(np.shape(batch.attention_mask)[1]))
     source = {name: np.asarray(getattr(batch, name)) for name in ARRAY_FIELDS}
     out = {name: np.zeros(shape, values.dtype) for name, values in source.items()}
     # Padding positions hold 0 everywhere: no query sees them (segment 0) and they weigh nothing.
     segment_ids = np.zeros(shape, np.int32)
     for bin_index, group in enumerate(groups):
         offset = 0
-        for segment, member in enumerate(group, start=1):
-            row = real[member]
+        for segment, row in enumerate(group, start=1):
             n = int(lengths[row])
             for name, values in source.items():
                 out[name][bin_index, offset:offset + n] = values[row, :n]

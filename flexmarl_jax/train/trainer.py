@@ -176,38 +176,22 @@ class AgentTrainer:
         return packed_bin_counts(self.config.micro_batch_size, self.config.pass_rows,
                                  dict(self.mesh.shape).get("fsdp", 1) if split else 1)
 
-    def _packed_passes(self, batch: MicroBatch) -> list[MicroBatch]:
-        """A packed micro-batch checked, then run whole when it has at most `pass_rows` bins, else cut into passes
-        of `pass_rows` bins: the passes are the bins', fewer than the unpacked batch's."""
-        validate_micro_batch(batch, agent=self.agent, batch_size=self.config.micro_batch_size,
-                             max_len=self.config.max_len, bin_counts=self._bin_counts())
-        rows, bins = self.config.pass_rows, batch.shape[0]
-        if bins <= rows:
-            return [across_processes.put(batch.replace(agent=""), self._steps.batch)]
-        fields = (*ARRAY_FIELDS, "segment_ids")
-        return [across_processes.put(batch.replace(agent="", **{name: getattr(batch, name)[start:start + rows]
-                                                                for name in fields}), self._steps.batch)
-                for start in range(0, bins, rows)]
-
     def _place_passes(self, batch: MicroBatch) -> list[MicroBatch]:
-        """The micro-batch checked, then cut into passes of `pass_rows` rows placed on the mesh."""
-        if batch.segment_ids is not None:
-            return self._packed_passes(batch)
-        rows = self.config.pass_rows
-        if rows == self.config.micro_batch_size:
-            return [self._place(batch)]
+        """The micro-batch checked, then placed on the mesh whole when it has at most `pass_rows` rows, else cut
+        into passes of `pass_rows` rows. A packed batch's rows are its bins, fewer than the unpacked rows."""
+        packed = batch.segment_ids is not None
         validate_micro_batch(batch, agent=self.agent, batch_size=self.config.micro_batch_size,
-                             max_len=self.config.max_len)
-        return [across_processes.put(batch.replace(agent="", **{name: getattr(batch, name)[start:start + rows]
-                                                                for name in ARRAY_FIELDS}), self._steps.batch)
-                for start in range(0, self.config.micro_batch_size, rows)]
-
-    def _place(self, batch: MicroBatch) -> MicroBatch:
-        validate_micro_batch(batch, agent=self.agent, batch_size=self.config.micro_batch_size,
-                             max_len=self.config.max_len)
+                             max_len=self.config.max_len, bin_counts=self._bin_counts() if packed else ())
         # The step is traced once per trainer config; the agent name was checked above, so drop it from
         # the static metadata to share compiled steps between agents with equal configs.
-        return across_processes.put(batch.replace(agent=""), self._steps.batch)
+        batch = batch.replace(agent="")
+        rows, total = self.config.pass_rows, batch.shape[0]
+        if total <= rows:
+            return [across_processes.put(batch, self._steps.batch)]
+        fields = ARRAY_FIELDS + (("segment_ids",) if packed else ())
+        return [across_processes.put(batch.replace(**{name: getattr(batch, name)[start:start + rows]
+                                                      for name in fields}), self._steps.batch)
+                for start in range(0, total, rows)]
 
     def activate(self) -> None:
         """Holds training devices before a micro-batch. A dedicated trainer keeps its mesh for the whole run,

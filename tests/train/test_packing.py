@@ -115,7 +115,7 @@ def test_a_packed_trainer_has_the_unpacked_loss_and_gradient(tiny_model_config, 
     for name, value in metrics[False].items():
         assert float(metrics[True][name]) == pytest.approx(float(value), rel=1e-5, abs=1e-6), name
     if rows_per_pass:
-        bins = [packed._packed_passes(pack_micro_batch(b, packed._bin_counts())) for b in _batches(rows)]
+        bins = [packed._place_passes(pack_micro_batch(b, packed._bin_counts())) for b in _batches(rows)]
         assert sum(len(passes) for passes in bins) < 2 * MICRO // rows_per_pass
     applied = {pack: trainer.apply() for pack, trainer in trainers.items()}
     assert applied[True]["loss"] == pytest.approx(applied[False]["loss"], rel=1e-5)
