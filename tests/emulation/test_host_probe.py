@@ -20,8 +20,10 @@ def test_the_host_probe_measures_a_cpu():
 
 @pytest.mark.timeout(300)  # a thread keeps one side busy while the other is timed
 def test_the_program_probe_measures_a_real_engine_and_trainer_and_how_they_slow_each_other():
-    """`probe_programs` on the smoke config: per-call costs of a CPU's order, an MFU in (0, 1], and both
-    contention factors above 1 (engine and trainer share this host's two cores; unclipped ratios)."""
+    """`probe_programs` on the smoke config: per-call costs of a CPU's order, an MFU in (0, 1], and contention
+    factors of at least 1 (each is clipped there), one of them above: engine and trainer share this host's
+    cores, so at least one side slows. Which one is the host's doing: on CI, the engines once ran untouched
+    (1.0) while training slowed 3.0x."""
     from flexmarl_benchmarks._program_probe import probe_programs
     from flexmarl_jax.config import RunConfig, apply_overrides
     from flexmarl_jax.configs import tiny
@@ -31,7 +33,8 @@ def test_the_program_probe_measures_a_real_engine_and_trainer_and_how_they_slow_
     assert 1e-5 < costs.decode_step_s < 1.0 and 1e-4 < costs.train_micro_batch_s < 10.0
     assert 0 <= costs.decode_call_overhead_s <= costs.decode_step_s  # the overhead is a part of a call
     assert 0 < costs.train_mfu <= 1
-    assert 1.0 < costs.measured_engine_slowdown < 20 and 1.0 < costs.measured_training_slowdown < 20
+    measured = (costs.measured_engine_slowdown, costs.measured_training_slowdown)
+    assert all(1.0 <= factor < 20 for factor in measured) and max(measured) > 1.0
     # the chip's factors: the measured split of the cores, conserving their work
     engine, training = costs.engine_slowdown_beside_training, costs.training_slowdown_beside_engines
     assert 1 / engine + 1 / training <= 1 + 1e-9
