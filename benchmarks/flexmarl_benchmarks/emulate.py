@@ -3,7 +3,9 @@
 Each preset (`_emulate_presets.py`: MA, the paper's math-agent team with a 14B model on TPU v5p, and CA, the
 coding-agent team with a 32B model) runs in every
 mode of `Preset.modes` (serial, sync, flexmarl and the ablations without asynchrony, without balancing and with
-static allocation) through the real orchestrator, store, router, balancer and dispatchers, with trainers,
+static allocation, all on-policy as in the paper; then flexmarl_stale, our bounded-staleness extension, which
+is reported beside them and never as the paper's system) through the real orchestrator, store, router, balancer
+and dispatchers, with trainers,
 engines and weight sync taking the cost model's time. Per mode: E2E seconds per iteration in *device*
 seconds (wall x compression), generated tokens per device second, training-pool utilization (training
 seconds / (slices x wall)), and the share of the emulated engines' busy time the host stalled them
@@ -16,6 +18,8 @@ The headline figures of a preset, fractions as in the paper (1.03 = +103%):
   e2e_increase_without_async               E2E(no_async) / E2E(flexmarl) - 1
   throughput_loss_without_balancing        1 - tokens per second(no_balancing) / tokens per second(flexmarl)
   train_utilization                        flexmarl's training-pool utilization (static_allocation's beside it)
+  stale_extension_speedup_vs_flexmarl      ours, not the paper's: E2E of flexmarl over flexmarl_stale's
+Per mode also: `sync_s` and `balancer` (moves, queue_peak per agent, migration_s), in device seconds.
 
 First, unless `--no-calibration`: the default tiny workload run on this CPU for real against the same config
 emulated on this host's measured chip (`_emulate_calibration.py`); `calibration` -> {mode: {measured_e2e_s,
@@ -66,7 +70,7 @@ def run_mode(preset: Preset, mode: str, overrides: Mapping[str, object], *, seed
             t0 = orchestrator.timeline.now()
             record = orchestrator.run_iteration(iteration)
             timed.append({"wall_s": orchestrator.timeline.now() - t0, "generated_tokens": record["generated_tokens"],
-                          "rollout_wall_s": record["rollout_wall_s"],
+                          "rollout_wall_s": record["rollout_wall_s"], "sync_s": record["sync_s"],
                           "train_utilization": record["train_pool"]["utilization"]})
     finally:
         built.rollout.shutdown()
@@ -83,11 +87,21 @@ def run_mode(preset: Preset, mode: str, overrides: Mapping[str, object], *, seed
     stall_share = sum(engine.device.host_stall_s for engine in engines) / busy if busy else 0.0
     calls = sum(engine.generate_calls for engine in engines)
     steps = sum(engine.steps_advanced for engine in engines)
+    router = built.rollout.backend.router
     return {
         "e2e_s": wall / len(timed) * compression,  # device seconds per iteration
         "wall_s_per_iteration": wall / len(timed),
         "tokens_per_s": sum(it["generated_tokens"] for it in timed) / (wall * compression),
         "rollout_s": sum(it["rollout_wall_s"] for it in timed) / len(timed) * compression,
+        # wall time the iteration spent on weight sync alone (nothing else busy), device seconds per iteration
+        "sync_s": sum(it["sync_s"] for it in timed) / len(timed) * compression,
+        # The inter-agent balancer over the whole run (every iteration, the untimed one too): instances moved,
+        # the most requests each agent's queue held waiting at once (in every mode: no_balancing's queues are
+        # what balancing would have relieved), and the device seconds moved instances spent between leaving one
+        # agent and serving the next (draining, then loading the new agent's weights from a peer).
+        "balancer": {"moves": int(router.stats["migrations"]),
+                     "queue_peak": {agent: int(peak) for agent, peak in router.queue_peaks.items()},
+                     "migration_s": float(router.stats["migration_s"]) * compression},
         "train_utilization": sum(it["train_utilization"] * it["wall_s"] for it in timed) / wall,
         # The host's overhead against the emulated engines (every iteration, the untimed one too): the share of
         # their busy wall time they sat waiting for the host with work pending, and what a call lasted.
@@ -114,6 +128,7 @@ def headline(modes: Mapping[str, dict[str, Any]]) -> dict[str, Any]:
         "throughput_loss_without_balancing": None if balanced is None else 1 - balanced,
         "train_utilization": get("flexmarl", "train_utilization"),
         "train_utilization_static_allocation": get("static_allocation", "train_utilization"),
+        "stale_extension_speedup_vs_flexmarl": ratio(proposed, get("flexmarl_stale", "e2e_s")),
         "host_overhead_within_bound": all(m["host_overhead_within_bound"] for m in modes.values()),
     }
 
@@ -140,10 +155,14 @@ def print_summary(result: Mapping[str, Any]) -> None:
     for name, preset in result["presets"].items():
         print(f"preset {name} ({preset['wall_s']:.0f} s here); paper: {preset['paper']}")
         for mode, numbers in preset["modes"].items():
+            balancer = numbers["balancer"]
             print(f"  {mode:18s} E2E {numbers['e2e_s']:8.1f} device-s/iter  {numbers['tokens_per_s']:9.1f} tok/s  "
-                  f"train util {numbers['train_utilization']:.1%}  host stall {numbers['host_stall_share']:.1%}")
+                  f"train util {numbers['train_utilization']:.1%}  host stall {numbers['host_stall_share']:.1%}  "
+                  f"moves {balancer['moves']} (queue peak {max(balancer['queue_peak'].values(), default=0)}, "
+                  f"{balancer['migration_s']:.1f} device-s)")
         for key in ("speedup_vs_serial", "speedup_vs_sync", "e2e_increase_without_async",
-                    "throughput_loss_without_balancing", "train_utilization", "train_utilization_static_allocation"):
+                    "throughput_loss_without_balancing", "train_utilization", "train_utilization_static_allocation",
+                    "stale_extension_speedup_vs_flexmarl"):
             value = preset[key]
             print(f"  {key}: {'-' if value is None else f'{value:.3f}'}")
         within = preset["host_overhead_within_bound"]

@@ -22,6 +22,7 @@ KIND_COLORS = {
     "train": "#2171b5",
     "sync": "#fd8d3c",
     "swap": "#969696",
+    "load": "#fdd0a2",
 }
 # Kind strips under agent-coloured bars: greys and hues that tab10's agent colours don't use.
 KIND_STRIP_COLORS = {
@@ -30,6 +31,7 @@ KIND_STRIP_COLORS = {
     "train": "#606060",
     "sync": "#e7298a",
     "swap": "#e6ab02",
+    "load": "#a6761d",
 }
 STYLE = {
     "axes.grid": True,

@@ -13,7 +13,7 @@ from collections.abc import Mapping
 from typing import Any
 
 # Interval kinds the plots know colours for; any other string is allowed too.
-KNOWN_KINDS = ("prefill", "decode", "train", "sync", "swap")
+KNOWN_KINDS = ("prefill", "decode", "train", "sync", "swap", "load")  # load: an engine taking in weights
 
 # Conventional names, so the orchestrator, the balancer and the plots agree without string typos.
 MIGRATION = "migration"  # event: an instance moved from one agent to another

@@ -8,7 +8,9 @@ instead of trainers, engines and weight sync on real devices. The control plane 
   long-tailed around `pipeline.emulate_median_response`), behind the real router / balancer or least-loaded
   backend (`rollout_setup.backend_for`), each advancing up to `pipeline.emulate_tokens_per_call` steps per call;
 * weight sync: `EmulatedWeightSync`: the model's bytes over `pipeline.emulate_sync_link` (one link per
-  training chip), then the placeholder weights go to the instances as real weights would.
+  training chip), then the placeholder weights go to the instances as real weights would; each receiving
+  instance pays the same bytes over its own chips' links (`EmulatedInstance`), and so does an instance the
+  balancer moves, loading its new agent's weights from a peer before it serves.
 Every emulated duration is divided by `pipeline.emulate_compression`.
 """
 
@@ -75,8 +77,16 @@ class Emulation:
 
     def weight_sync_s(self) -> float:
         """Device seconds of one agent's weight sync: each training chip sends its shard over its own link."""
+        return self.train.weight_sync_s(self._sync_link())
+
+    def weight_load_s(self) -> float:
+        """Device seconds of one engine instance taking in a whole model (a sync's receiving side, or a moved
+        instance loading its new agent's weights from a peer): each of its chips over its own link."""
+        return self.rollout.weight_sync_s(self._sync_link())
+
+    def _sync_link(self):
         name = self.device.chip.interconnect if self.sync_link_name == "interconnect" else self.sync_link_name
-        return self.train.weight_sync_s(get_link(name, self.device.chip))
+        return get_link(name, self.device.chip)
 
 
 def _shared_timelines(chip: Chip, timescale: TimeScale) -> tuple[DeviceQueue | None, DeviceQueue | None]:
@@ -125,13 +135,38 @@ def start_emulated_engines(config: RunConfig, emulation: Emulation, runtimes: Ma
         instances = []
         for _ in range(config.rollout.instances_per_agent):
             engine = emulation.engine(engine_config, runtime.tokenizer, script)
-            instance = TimedInstance(engine, placeholder_params(), policy_version=runtime.trainer.policy_version,
-                                     name=f"instance{number}")
+            instance = EmulatedInstance(engine, placeholder_params(), policy_version=runtime.trainer.policy_version,
+                                        name=f"instance{number}")
+            instance.weight_load_s = emulation.weight_load_s()
             instances.append(instance.attach(timeline, agent))
             number += 1
         started[agent] = dataclasses.replace(runtime, instances=tuple(instances))
     weights = {agent: (runtime.trainer.params, runtime.trainer.policy_version) for agent, runtime in started.items()}
     return started, backend_for(config, started, timeline, weights)
+
+
+class EmulatedInstance(TimedInstance):
+    """A `TimedInstance` over an `EmulatedEngine` that pays for the weights it takes in: each `update_params`
+    (a weight sync's receiving side, a migration's load) puts `weight_load_s` device seconds on its engine's
+    device queue, so its next decode steps wait behind the transfer, and the transfer shows on its timeline
+    row as a "load" interval. The caller is not held: a sync reaches every instance at once, in parallel.
+    `wait_for_weights` holds a caller until the last load is done (the router's migration waits on it)."""
+
+    weight_load_s: float = 0.0
+    _weights_ready_at: float = 0.0
+
+    def update_params(self, params: Any, version: int) -> None:
+        device = self.engine.device
+        if self.weight_load_s > 0:
+            self._weights_ready_at = device.enqueue(self.weight_load_s)
+            if self.timeline is not None:  # from when the work queued ahead of it is done until it lands
+                end = self.timeline.now() + max(0.0, self._weights_ready_at - device.clock())
+                start = max(self.timeline.now(), end - device.timescale.wall_s(self.weight_load_s))
+                self.timeline.add_interval(f"rollout/{self.name}", start, end, kind="load", agent=self.agent)
+        super().update_params(params, version)
+
+    def wait_for_weights(self) -> None:
+        self.engine.device.wait_until(self._weights_ready_at)
 
 
 def pool_emulated_training(runtimes: Mapping[str, AgentRuntime], *, clock: Callable[[], float]):

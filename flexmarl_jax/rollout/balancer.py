@@ -2,10 +2,11 @@
 
 Every `poll_interval_s` the balancer reads each agent's queue length (requests waiting in the router).
 When the longest queue exceeds the shortest by more than `delta`, it moves instances from the least
-loaded agents to the most loaded one: `gap // delta` of them (the gap warrants one instance per `delta`
-waiting requests), taken from donors whose own gap to the receiver still exceeds `delta`, each donor
-keeping `min_instances_per_agent`. The router does the move (router.RequestRouter.migrate): the instance
-finishes its old agent's requests, loads the receiving agent's current weights, then serves it.
+loaded agents to the most loaded one, as the FlexMARL paper does: as many as the queue-length gap
+(in requests), taken from donors whose own gap to the receiver still exceeds `delta`, each donor
+keeping `min_instances_per_agent`. The donors' spare instances usually bound the move, not the gap.
+The router does the move (router.RequestRouter.migrate): the instance finishes its old agent's
+requests, loads the receiving agent's current weights, then serves it.
 
 Against oscillation: an instance that moved stays where it is for `cooldown_s`, and an agent with
 instances still on their way gets no more until they arrive.
@@ -116,7 +117,7 @@ class InstanceBalancer:
         if any(m.state in (DRAINING, LOADING) and m.target_agent == receiver for m in members):
             return []  # earlier moves still on their way: judge the queue once they serve
         receiver_arch = next((m.architecture for m in members if m.agent == receiver and m.state == SERVING), None)
-        wanted = (lengths[receiver] - min(lengths.values())) // self.delta
+        wanted = lengths[receiver] - min(lengths.values())
         counts = router.instance_counts()
         moves: list[PlannedMove] = []
         for donor in sorted(lengths, key=lambda agent: lengths[agent]):

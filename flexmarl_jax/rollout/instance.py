@@ -248,6 +248,13 @@ class EngineInstance:
             self._pending_params = (params, int(version))
             self._cond.notify_all()
 
+    def wait_for_weights(self) -> None:
+        """Blocks until the last `update_params`'s transfer has landed on this instance's devices."""
+        with self._cond:
+            pending = self._pending_params
+        if pending is not None:
+            jax.block_until_ready(pending[0])
+
     def update_agent_params(self, agent: str, params: AgentAdapter, version: int) -> None:
         """A router's weight sync for `agent`, one of the agents this instance serves from its adapter table:
         `params` is the agent's `AgentAdapter` (a LoRA agent's sync sends its adapter only)."""

@@ -59,6 +59,11 @@ class RoutableInstance(Protocol):
         """Serve these weights (policy `version`) from its next step boundary on."""
         ...
 
+    def wait_for_weights(self) -> None:
+        """Returns once the weights of its last `update_params` are on its devices (their transfer done): a
+        moved instance's move lasts until then (`RequestRouter.stats["migration_s"]`)."""
+        ...
+
     def update_agent_params(self, agent: str, params: Any, version: int) -> None:
         """Serve these weights for `agent`, one of several agents it serves at once (a LoRA base group's
         engine: `params` is the agent's `AgentAdapter`). Only called on an instance listed under several agents."""

@@ -105,7 +105,11 @@ class RequestRouter:
         self._weights_generation: collections.Counter = collections.Counter()
         self._weights_provider = weights_provider or self.current_weights
         self._attempt_ids = itertools.count()
-        self.stats = collections.Counter()  # submitted / completed / timeouts / retries / failed / migrations
+        # submitted / completed / timeouts / retries / failed / migrations, and migration_s: the seconds moved
+        # instances spent between leaving their agent and serving the next (draining, then loading weights)
+        self.stats = collections.Counter()
+        # agent -> the most requests that waited in its queue at once (none of its instances had room)
+        self.queue_peaks: collections.Counter = collections.Counter(dict.fromkeys(instances, 0))
         self._members = members_of(instances)
         self._queues = {agent: collections.deque() for agent in instances}
         for member in self._members.values():
@@ -330,6 +334,7 @@ class RequestRouter:
                                  f"instance(s); every agent keeps at least {min_instances}")
             self._weights_provider_check(to_agent)
             member.state, member.target_agent = DRAINING, to_agent
+            member.moving_since = self.clock()
             member.version += 1  # its heap entries go stale
             drained = not member.inflight
         if drained:
@@ -352,6 +357,7 @@ class RequestRouter:
                 generation = self._weights_generation[to_agent]
             params, version = self._weights_provider(to_agent)
             member.instance.update_params(params, version)
+            member.instance.wait_for_weights()  # the move lasts until the weights are on its devices
             with self._lock:
                 if self._weights_generation[to_agent] != generation:
                     continue
@@ -360,6 +366,8 @@ class RequestRouter:
                 member.serves = (to_agent,)
                 member.migrated_at = self.clock()
                 self.stats["migrations"] += 1
+                self.stats["migration_s"] += member.migrated_at - member.moving_since
+                member.moving_since = None
                 self._loads.push(member)
                 break
         logger.info("instance %s moved from %s to %s (policy version %d)", member.name, from_agent, to_agent,
@@ -383,6 +391,8 @@ class RequestRouter:
                     attempt = self._new_attempt(member, job)
                     sends.append((member, attempt))
                     self._loads.push(member)
+                if len(queue) > self.queue_peaks[agent]:
+                    self.queue_peaks[agent] = len(queue)
         for member, attempt in sends:
             try:
                 member.instance.submit(attempt.request)

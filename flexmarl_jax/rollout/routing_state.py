@@ -69,6 +69,7 @@ class Member:
     tokens: int = 0
     version: int = 0  # bumped on every load change; heap entries with an older version are stale
     migrated_at: float = float("-inf")
+    moving_since: float | None = None  # when its current move began (it stopped taking its old agent's requests)
     # (steps seen, router-clock time they were first seen) while it holds live requests: the health check's
     # memory of when this instance last made progress (None while it holds none).
     watch: tuple[int, float] | None = None

@@ -7,7 +7,6 @@ import pytest
 from flexmarl_benchmarks import emulate
 from flexmarl_benchmarks._emulate_presets import (
     CA,
-    FLEXMARL_MAX_STALENESS,
     MA,
     PAPER_WORKLOAD,
     Preset,
@@ -52,7 +51,8 @@ def test_the_presets_are_the_papers_team_shapes(preset, agents, chip, model, tmp
     assert len(config.agents) == agents and config.rollout.instances_per_agent == 4
     assert config.rollout.max_response_length == 8192 and config.pipeline.emulate_median_response == 1024
     assert config.workflow.queries_per_iteration * config.workflow.samples_per_query == 64
-    assert config.train.micro_batch_size == 16 and config.train.max_staleness == FLEXMARL_MAX_STALENESS == 5
+    # flexmarl as the paper defines it: on-policy, with Delta = 5 the balancer's queue-gap threshold
+    assert config.train.micro_batch_size == 16 and config.train.max_staleness == 0
     assert config.pipeline.balance_delta == 5 and config.pipeline.emulate == f"{chip}:{model}"
     calls = calls_per_agent(config)
     assert set(calls) == set(config.agents) and max(calls.values()) >= 3 and min(calls.values()) == 1  # skewed
@@ -60,6 +60,27 @@ def test_the_presets_are_the_papers_team_shapes(preset, agents, chip, model, tmp
     assert config.train.learning_rate == RunConfig.from_config(tiny.get_config()).train.learning_rate
     sync = RunConfig.from_config(preset.config_dict(preset.modes()["sync"], seed=0, workdir=str(tmp_path)))
     assert sync.train.max_staleness == 0 and sync.mesh.train_slices == 0  # the baselines: on-policy, dedicated
+
+
+def test_every_mode_but_the_stale_extension_is_on_policy_and_the_ablations_take_one_feature_away(tmp_path):
+    modes = MA.modes()
+    assert list(modes) == ["serial", "sync", "flexmarl", "no_async", "no_balancing", "static_allocation",
+                           "flexmarl_stale"]
+    configs = {mode: RunConfig.from_config(MA.config_dict(overrides, seed=0, workdir=str(tmp_path)))
+               for mode, overrides in modes.items()}
+    assert {mode for mode, config in configs.items() if config.train.max_staleness > 0} == {"flexmarl_stale"}
+    flexmarl = configs["flexmarl"]
+    assert flexmarl.pipeline.async_micro_batches and flexmarl.pipeline.balancing and flexmarl.mesh.train_slices > 0
+
+    def differences(mode):
+        a, b = flexmarl.to_dict(), configs[mode].to_dict()
+        return {f"{section}.{key}" for section in a if isinstance(a[section], dict)
+                for key in a[section] if a[section][key] != b[section][key]}
+
+    assert differences("no_async") == {"pipeline.async_micro_batches"}
+    assert differences("no_balancing") == {"pipeline.balancing"}
+    assert differences("static_allocation") == {"mesh.train_slices"}
+    assert differences("flexmarl_stale") == {"train.max_staleness"}
 
 
 def test_preset_changes_come_last(tmp_path):
@@ -77,12 +98,17 @@ def test_a_small_preset_runs_a_mode_through_the_orchestrator(team, tmp_path):
         "pipeline.emulate": "v5p:qwen2.5-14b", "rollout.max_response_length": 16,
         "pipeline.emulate_median_response": 4, "rollout.instances_per_agent": 1, "workflow.queries_per_iteration": 1,
         "pipeline.emulate_compression": 20.0})
-    numbers = emulate.run_mode(preset, "flexmarl", {**preset.modes()["flexmarl"], "mesh.train_slices": 1}, seed=0,
-                               root=str(tmp_path), plots_dir=str(tmp_path / "plots"), gantt_iterations=1)
+    overrides = {**preset.modes()["flexmarl"], "mesh.train_slices": 1}
+    numbers = emulate.run_mode(preset, "flexmarl", overrides, seed=0, root=str(tmp_path),
+                               plots_dir=str(tmp_path / "plots"), gantt_iterations=1)
     assert numbers["e2e_s"] > 0 and numbers["tokens_per_s"] > 0
     assert numbers["e2e_s"] == pytest.approx(numbers["wall_s_per_iteration"] * 20.0)
     assert 0 < numbers["train_utilization"] <= 1 and numbers["host_stall_share"] >= 0
     assert numbers["generate_calls"] > 0 and numbers["decode_steps_per_call"] >= 1
+    balancer = numbers["balancer"]
+    team = RunConfig.from_config(preset.config_dict(overrides, seed=0, workdir=str(tmp_path))).agents
+    assert set(balancer["queue_peak"]) == set(team) and all(peak >= 0 for peak in balancer["queue_peak"].values())
+    assert balancer["moves"] >= 0 and balancer["migration_s"] >= 0 and numbers["sync_s"] > 0
     assert (tmp_path / "plots" / "small" / "flexmarl" / "gantt.png").stat().st_size > 0
 
 

@@ -292,3 +292,47 @@ def test_a_call_the_host_waits_for_starts_only_once_the_work_ahead_is_done():
     engines.set_working(engine, True)
     training.run(1.0)  # starts now, while they decode
     assert clock.now == pytest.approx(4.0) and training.device_s == pytest.approx(3.0)
+
+
+
+def test_an_emulated_instance_pays_for_weights_it_takes_in_and_a_move_lasts_until_they_land():
+    """A sync's receiving side and a moved instance's load each put the model's bytes over the instance's links
+    on its device queue (a "load" interval on its timeline row); a sync does not hold its caller, a move lasts
+    until the weights are on the instance (`RequestRouter.stats["migration_s"]`)."""
+    from flexmarl_jax.config import RunConfig, apply_overrides
+    from flexmarl_jax.configs import tiny
+    from flexmarl_jax.metrics import Timeline
+    from flexmarl_jax.orchestrator.emulated_setup import EmulatedInstance, Emulation
+    from flexmarl_jax.rollout.router import RequestRouter
+    from tests.settings_views import router_settings
+
+    config = apply_overrides(tiny.get_config("smoke"), {
+        "workdir": "/unused", "pipeline.emulate": "v5p:qwen2.5-14b", "pipeline.emulate_compression": 50.0})
+    emulation = Emulation.from_config(RunConfig.from_config(config))
+    # 14B parameters in bfloat16 (29.5 GB) over the sync link (a 100 Gbit/s NIC: 12.5 GB/s), one chip: 2.4 s
+    assert emulation.weight_load_s() == pytest.approx(emulation.rollout.weights_bytes() / 12.5e9)
+    assert 2.0 < emulation.weight_load_s() < 3.0
+    load_s = emulation.timescale.wall_s(emulation.weight_load_s())  # 1/50 of it on the wall clock
+    timeline, tokenizer = Timeline(), CharTokenizer()
+    script = ScriptedTokens(tokenizer.eos_id, tokenizer.encode("a")[-1], fixed_length(4))
+    settings = engine_config(max_concurrent_decodes=2, max_prefill_length=16, max_decode_length=32)
+
+    def instance(name: str, agent: str) -> EmulatedInstance:
+        made = EmulatedInstance(emulation.engine(settings, tokenizer, script), placeholder_params(), name=name)
+        made.weight_load_s = emulation.weight_load_s()
+        return made.attach(timeline, agent)
+
+    instances = {"a": [instance("a0", "a")], "b": [instance("b0", "b"), instance("b1", "b")]}
+    router = RequestRouter(instances, **router_settings(),
+                           initial_weights={agent: (placeholder_params(), 0) for agent in instances})
+    started = time.perf_counter()
+    router.update_params("b", placeholder_params(), 1)  # a sync of b: b0 and b1 take in the weights at once
+    assert time.perf_counter() - started < load_s  # without holding the sync
+    router.migrate("b1", "a")  # idle, so it loads a's weights now: behind the sync's load on its queue
+    moved_at = time.perf_counter() - started
+    assert 2 * load_s <= moved_at < 2 * load_s + 0.5
+    assert router.stats["migrations"] == 1 and load_s * 0.99 <= router.stats["migration_s"] <= moved_at
+    assert router.instance_counts() == {"a": 2, "b": 1}
+    for name, loads in (("a0", 0), ("b0", 1), ("b1", 2)):
+        intervals = [i for i in timeline.intervals(f"rollout/{name}", include_open=True) if i.kind == "load"]
+        assert len(intervals) == loads and all(i.end - i.start <= load_s + 1e-6 for i in intervals)

@@ -97,15 +97,19 @@ def test_an_emulated_run_takes_the_cost_models_time_and_keeps_rows_and_versions_
     # Rollout: each instance's busy spans are its device's compressed busy time plus the host stalls the
     # device queue measured (the host's own overhead that did not hide behind the device), within the bound.
     # The stall share itself depends on this host's load; it is reported, not bounded, here.
+    # Each sync's receiving side: every instance takes in the weights, on its own device queue.
     served = 0
     for runtime in agents.values():
         for instance in runtime.instances:
             device = instance.engine.device
-            if device.calls == 0:
+            intervals = timeline.intervals(f"rollout/{instance.name}")
+            loads = [i.end - i.start for i in intervals if i.kind == "load"]
+            assert len(loads) == 3 and within(loads, [wall(instance.weight_load_s)] * 3), loads
+            if instance.engine.generate_calls == 0:
                 continue
             served += 1
-            spans = [i.end - i.start for i in timeline.intervals(f"rollout/{instance.name}")]
-            busy = wall(device.device_s)
+            spans = [i.end - i.start for i in intervals if i.kind == "decode"]
+            busy = wall(device.device_s - len(loads) * instance.weight_load_s)
             assert busy > 0 and busy <= sum(spans) + 1e-3
             assert within([sum(spans)], [busy + device.host_stall_s]), (spans, busy, device.host_stall_s)
     assert served == 2  # the solver's and the verifier's instances (the corrector runs on rejections only)

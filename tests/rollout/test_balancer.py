@@ -1,4 +1,4 @@
-"""InstanceBalancer: moves instances to the busiest agent by the queue gap, keeps every agent's minimum,
+"""InstanceBalancer: moves as many instances to the busiest agent as its queue gap, keeps every agent's minimum,
 respects the cooldown, loses nothing, and a moved real engine serves with its new agent's weights."""
 
 from __future__ import annotations
@@ -34,26 +34,38 @@ def _submit(router, agent, count, start=0):
     return [router.submit(agent, RolloutRequest((start + k, AGENTS.index(agent)))) for k in range(count)]
 
 
-def test_moves_as_many_instances_as_the_gap_warrants():
+def test_moves_as_many_instances_as_the_gap_allows_keeping_every_minimum():
     router, fakes = _fake_router(per_agent=(3, 3, 3), capacity=1)
     timeline = Timeline()
     balancer = InstanceBalancer(router, **balancer_settings(delta=5, min_instances_per_agent=1, cooldown_s=0),
                                 timeline=timeline)
-    _submit(router, "solver", 3 + 17)  # 3 dispatched, 17 waiting: gap 17 > 5 -> 17 // 5 = 3 moves
+    _submit(router, "solver", 3 + 17)  # 3 dispatched, 17 waiting: gap 17 > 5 -> up to 17 moves, 4 spare
     assert balancer.plan() == [PlannedMove("planner0", "planner", "solver"),
                                PlannedMove("planner1", "planner", "solver"),
-                               PlannedMove("critic0", "critic", "solver")]
+                               PlannedMove("critic0", "critic", "solver"),
+                               PlannedMove("critic1", "critic", "solver")]
     moves = balancer.poll_once()
-    assert len(moves) == 3 and router.instance_counts() == {"planner": 1, "solver": 6, "critic": 2}
-    assert router.queue_length("solver") == 14  # the three idle movers took one request each at once
-    assert [f.weights_agent for f in fakes if f.name in ("planner0", "planner1", "critic0")] == ["solver"] * 3
+    assert len(moves) == 4 and router.instance_counts() == {"planner": 1, "solver": 7, "critic": 1}
+    assert router.queue_length("solver") == 13  # the four idle movers took one request each at once
+    assert [f.weights_agent for f in fakes if f.name in ("planner0", "planner1", "critic0", "critic1")] == \
+        ["solver"] * 4
     assert [(e.resource, e.attrs["from_agent"], e.agent) for e in timeline.events(MIGRATION)][0] == \
         ("rollout/planner0", "planner", "solver")
-    assert timeline.gauge(INSTANCES)["solver"][1].tolist() == [3, 6]
-    assert timeline.gauge(QUEUE_LENGTH)["solver"][1].tolist() == [0, 14]
-    # gap 14 - 0 > 5 still, but nothing is spare beyond planner's and critic's minimum... critic has one
-    assert [m.instance for m in balancer.poll_once()] == ["critic1"]
+    assert timeline.gauge(INSTANCES)["solver"][1].tolist() == [3, 7]
+    assert timeline.gauge(QUEUE_LENGTH)["solver"][1].tolist() == [0, 13]
+    # gap 13 - 0 > 5 still, but planner and critic are at their minimum: nothing more moves
     assert balancer.poll_once() == [] and router.instance_counts() == {"planner": 1, "solver": 7, "critic": 1}
+
+
+def test_a_gap_smaller_than_the_spare_instances_moves_that_many():
+    router, _ = _fake_router(per_agent=(4, 2, 4), capacity=1)
+    balancer = InstanceBalancer(router, **balancer_settings(delta=5, min_instances_per_agent=1, cooldown_s=0))
+    _submit(router, "solver", 2 + 7)  # gap 7 > 5: seven moves wanted, six spare (3 + 3)
+    assert len(balancer.plan()) == 6
+    router2, _ = _fake_router(per_agent=(6, 2, 6), capacity=1)
+    balancer2 = InstanceBalancer(router2, **balancer_settings(delta=5, min_instances_per_agent=1, cooldown_s=0))
+    _submit(router2, "solver", 2 + 6)  # gap 6: six moves, though ten are spare
+    assert len(balancer2.plan()) == 6
 
 
 def test_no_move_within_delta_or_cooldown():
@@ -62,9 +74,10 @@ def test_no_move_within_delta_or_cooldown():
     balancer = InstanceBalancer(router, **balancer_settings(delta=5, cooldown_s=10.0))
     _submit(router, "solver", 2 + 5)  # gap 5: not more than delta
     assert balancer.poll_once() == []
-    _submit(router, "solver", 1, start=100)  # gap 6 -> one move
-    assert [m.instance for m in balancer.poll_once()] == ["planner0"]
-    # now critic is swamped; planner0 just moved to solver (cooldown), solver1/solver0 are busy but allowed
+    _submit(router, "solver", 1, start=100)  # gap 6 -> up to six moves: one spare each from planner and critic
+    assert [m.instance for m in balancer.poll_once()] == ["planner0", "critic0"]
+    # now critic is swamped; planner0 and critic0 just moved to solver (cooldown), solver1/solver0 are busy but
+    # allowed
     _submit(router, "critic", 2 + 20, start=200)
     moves = balancer.poll_once()
     assert "planner0" not in [m.instance for m in moves] and all(m.to_agent == "critic" for m in moves)

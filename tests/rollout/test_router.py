@@ -58,6 +58,9 @@ class FakeInstance:
             self.violations.append(f"{self.name} got {params} weights with {len(self.held)} requests in flight")
         self.weights_agent, self.version = params, version
 
+    def wait_for_weights(self) -> None:
+        pass  # its weights are a name: nothing to transfer
+
     def cancel(self, request) -> bool:
         if not self.can_cancel:
             return False
