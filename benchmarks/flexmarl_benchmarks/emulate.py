@@ -19,7 +19,8 @@ The headline figures of a preset, fractions as in the paper (1.03 = +103%):
   throughput_loss_without_balancing        1 - tokens per second(no_balancing) / tokens per second(flexmarl)
   train_utilization                        flexmarl's training-pool utilization (static_allocation's beside it)
   stale_extension_speedup_vs_flexmarl      ours, not the paper's: E2E of flexmarl over flexmarl_stale's
-Per mode also: `sync_s` and `balancer` (moves, queue_peak per agent, migration_s), in device seconds.
+Per mode also: `sync_s`, `swap_s` and `balancer` (moves, queue_peak per agent, migration_s), in device
+seconds, and `train_tokens` (real and padded).
 
 First, unless `--no-calibration`: the default tiny workload run on this CPU for real against the same config
 emulated on this host's measured chip (`_emulate_calibration.py`); `calibration` -> {mode: {measured_e2e_s,
@@ -88,6 +89,8 @@ def run_mode(preset: Preset, mode: str, overrides: Mapping[str, object], *, seed
     calls = sum(engine.generate_calls for engine in engines)
     steps = sum(engine.steps_advanced for engine in engines)
     router = built.rollout.backend.router
+    charges = [charge for runtime in built.agents.values() for charge in runtime.trainer.charges]
+    micro_batches = [charge for charge in charges if charge.kind == "micro_batch"]
     return {
         "e2e_s": wall / len(timed) * compression,  # device seconds per iteration
         "wall_s_per_iteration": wall / len(timed),
@@ -99,6 +102,13 @@ def run_mode(preset: Preset, mode: str, overrides: Mapping[str, object], *, seed
         # the most requests each agent's queue held waiting at once (in every mode: no_balancing's queues are
         # what balancing would have relieved), and the device seconds moved instances spent between leaving one
         # agent and serving the next (draining, then loading the new agent's weights from a peer).
+        # Trainer state moved between shared training slices and the host, summed over agents: device seconds
+        # per iteration (a mean over every iteration, the untimed first one too; 0 on dedicated meshes).
+        "swap_s": sum(charge.device_s for charge in charges if charge.kind == "swap") / config.iterations,
+        # Tokens trained over the whole run: real (attended) and what the steps computed (rows x length, padded
+        # to the micro-batch's longest row, or packed bins with `train.pack_rows`).
+        "train_tokens": {"real": sum(charge.real_tokens for charge in micro_batches),
+                         "padded": sum(charge.rows * charge.length for charge in micro_batches)},
         "balancer": {"moves": int(router.stats["migrations"]),
                      "queue_peak": {agent: int(peak) for agent, peak in router.queue_peaks.items()},
                      "migration_s": float(router.stats["migration_s"]) * compression},

@@ -46,6 +46,9 @@ from flexmarl_jax.models.config import ModelConfig
 BF16_BYTES = 2
 GRADIENT_ACCUMULATE_BYTES_PER_PARAM = 8  # fp32 accumulator read + write per micro-batch
 ADAM_BYTES_PER_PARAM = 7 * 4 + BF16_BYTES  # see the module docstring
+# What a trainer's state moves between a training slice and the host (a stated assumption, as our trainer
+# keeps it): fp32 weights, Adam's two fp32 moments and the fp32 gradient accumulator.
+TRAIN_STATE_BYTES_PER_PARAM = 4 * 4
 DEFAULT_COLLECTIVE_LATENCY_S = 10e-6  # an assumption, not a spec-sheet figure: small all-reduces take ~10 us
 
 
@@ -151,6 +154,14 @@ class CostModel:
         buffer = tokens * self.model.hidden_size * self.activation_bytes
         one = 2 * (n - 1) / n * buffer / self.chip.interconnect_one_way_bytes_per_s + self.collective_latency_s
         return count * one
+
+    def train_state_bytes(self) -> int:
+        """Bytes of a trainer's state (weights, optimizer moments, gradient accumulator): what a swap moves."""
+        return self.model.num_params() * TRAIN_STATE_BYTES_PER_PARAM
+
+    def state_move_s(self, link: Link) -> float:
+        """Moving a trainer's state to or from this mesh over `link`, one shard per chip in parallel."""
+        return transfer_s(self.train_state_bytes(), link, self.chips)
 
     def weight_sync_s(self, link: Link, parallel_links: int | None = None) -> float:
         """Sending the whole model over `link`, one shard per chip in parallel (default: `chips` links)."""

@@ -13,8 +13,10 @@ The call blocks until its work is done, so a dispatcher's "train" interval is th
 
 `charges` keeps one `Charge` per call: what a run, or a test, compares the timeline with.
 
-Shared training slices: with a `slices` pool (`EmulatedSlices`) `activate` leases a slice (blocking while all
-are held) and `release` hands it back; moving the state between slices is taken as free (not modelled).
+Shared training slices: with a `slices` pool (`EmulatedSharedTraining.make_pool`) `activate` leases a slice
+(blocking while all are held) and `release` hands it back. A lease of a slice that does not still hold the
+agent's state is charged the state's move ("swap": `CostModel.state_move_s` over `HOST_LINK`, twice when
+another agent's state parked there goes out first).
 """
 
 from __future__ import annotations
@@ -27,22 +29,28 @@ from typing import Any
 
 import numpy as np
 
+from flexmarl_jax.emulation.chips import LINKS
 from flexmarl_jax.emulation.cost_model import CostModel
 from flexmarl_jax.emulation.engine import DeviceQueue, placeholder_params
 from flexmarl_jax.emulation.timescale import TimeScale
 from flexmarl_jax.train.packing import packed_bin_counts, packed_shape
 
+# How a training slice's chips reach the host, for state swaps (a stated assumption, not a spec sheet's: PCIe
+# 5.0 x16 per chip, as on current accelerator hosts).
+HOST_LINK = LINKS["pcie5"]
+
 
 @dataclasses.dataclass(frozen=True)
 class Charge:
-    """One emulated trainer call: its kind ("micro_batch", "apply", "empty_apply",
-    "values"), the shape it was charged for,
-    and its device seconds."""
+    """One emulated trainer call: its kind ("micro_batch", "apply", "empty_apply", "values"), the shape it was
+    charged for (rows x length: the padded or packed tokens the step computes), its device seconds, and the
+    real tokens in it (attended positions; a micro-batch's only)."""
 
     kind: str
     rows: int
     length: int
     device_s: float
+    real_tokens: int = 0
 
 
 def micro_batch_shape(batch: Any) -> tuple[int, int]:
@@ -79,10 +87,16 @@ class EmulatedTrainer:
         return self.slices is None or self._lease is not None
 
     def activate(self) -> None:
-        """Holds a training slice (blocks until one is free); no-op on a dedicated mesh or when held."""
+        """Holds a training slice (blocks until one is free); no-op on a dedicated mesh or when held. Unless the
+        slice still holds this agent's state (it was the last to use it), the state moves: another agent's
+        state parked on the slice goes to the host first, then this agent's comes in, each over every chip's
+        host link (`HOST_LINK`), charged as "swap" on this trainer's device (as `SharedTraining` moves it)."""
         with self._lock:
             if self.slices is not None and self._lease is None:
-                self._lease = self.slices.acquire(self.agent)
+                lease = self._lease = self.slices.acquire(self.agent)
+                if not (lease.reused and lease.previous_agent == self.agent):
+                    moves = 1 + (lease.previous_agent is not None)  # in, after the parked state goes out
+                    self._run("swap", 0, 0, moves * self.cost_model.state_move_s(HOST_LINK))
 
     def release(self) -> None:
         """Frees the slice (no-op on a dedicated mesh or when none is held)."""
@@ -92,9 +106,9 @@ class EmulatedTrainer:
                 self.slices.release(self.agent)
 
     # ----------------------------------------------------------------------------------- the calls
-    def _run(self, kind: str, rows: int, length: int, device_s: float) -> None:
+    def _run(self, kind: str, rows: int, length: int, device_s: float, real_tokens: int = 0) -> None:
         self.device.run(device_s)
-        self.charges.append(Charge(kind, rows, length, device_s))
+        self.charges.append(Charge(kind, rows, length, device_s, real_tokens))
 
     def _charged_shape(self, batch: Any) -> tuple[int, int]:
         """What the real trainer's step computes: (real rows, longest row), or with `pack_rows` (bins, the
@@ -107,7 +121,8 @@ class EmulatedTrainer:
         with self._lock:
             self.activate()
             rows, length = self._charged_shape(batch)
-            self._run("micro_batch", rows, length, self.cost_model.train_micro_batch_s(rows, length) if rows else 0.0)
+            self._run("micro_batch", rows, length, self.cost_model.train_micro_batch_s(rows, length) if rows else 0.0,
+                      real_tokens=int(np.asarray(batch.attention_mask).sum()))
             self.pending_micro_batches += 1
 
     def values(self, batch: Any) -> np.ndarray:

@@ -40,12 +40,14 @@ class TrainingSlice:
 
 @dataclasses.dataclass(frozen=True)
 class SliceLease:
-    """``agent`` holds ``slice`` since ``granted_at``; ``reused`` when it is the slice the agent used last."""
+    """``agent`` holds ``slice`` since ``granted_at``; ``reused`` when it is the slice the agent used last;
+    ``previous_agent``: who held the slice before (whose state may be parked there), None for a new slice."""
 
     agent: str
     slice: TrainingSlice
     granted_at: float
     reused: bool
+    previous_agent: str | None = None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -176,10 +178,11 @@ class TrainingSlicePool:
             index = last
         else:  # never-used slices first (nobody's state parked there), then least recently released
             index = min(free, key=lambda i: (self._last_agent[i] is not None, self._released_at[i], i))
+        previous = self._last_agent[index]
         self._holder[index] = agent
         self._last_agent[index] = agent
         self._last_slice[agent] = index
-        lease = SliceLease(agent, self.slices[index], self._clock(), reused=(index == last))
+        lease = SliceLease(agent, self.slices[index], self._clock(), reused=(index == last), previous_agent=previous)
         self._leases[agent] = lease
         return lease
 

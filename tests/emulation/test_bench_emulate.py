@@ -109,6 +109,9 @@ def test_a_small_preset_runs_a_mode_through_the_orchestrator(team, tmp_path):
     team = RunConfig.from_config(preset.config_dict(overrides, seed=0, workdir=str(tmp_path))).agents
     assert set(balancer["queue_peak"]) == set(team) and all(peak >= 0 for peak in balancer["queue_peak"].values())
     assert balancer["moves"] >= 0 and balancer["migration_s"] >= 0 and numbers["sync_s"] > 0
+    assert numbers["swap_s"] > 0  # three agents take turns on one slice: states move in and out
+    tokens = numbers["train_tokens"]
+    assert 0 < tokens["real"] <= tokens["padded"]  # padding to the longest row of a micro-batch adds, never drops
     assert (tmp_path / "plots" / "small" / "flexmarl" / "gantt.png").stat().st_size > 0
 
 

@@ -125,6 +125,19 @@ def test_shared_training_slices_are_leased_one_agent_at_a_time(tmp_path):
     leases = sorted((i.start, i.end) for i in pool.intervals())
     assert leases and all(a_end <= b_start + 1e-6 for (_, a_end), (b_start, _) in zip(leases, leases[1:], strict=False))
     assert 0 < records[-1]["train_pool"]["held"] <= 1
+    # Swaps: a lease pays a state move unless the slice still held the agent's own state (it was the last
+    # tenant), and two when another agent's parked state goes out first; one slice, three agents taking turns.
+    from flexmarl_jax.emulation.trainer import HOST_LINK
+
+    leases = sorted(pool.intervals(), key=lambda interval: interval.start)
+    expected_moves = sum(1 + (previous is not None) for previous, lease in zip(
+        [None] + [interval.agent for interval in leases[:-1]], leases, strict=True) if previous != lease.agent)
+    swaps = [charge for runtime in built.agents.values() for charge in runtime.trainer.charges
+             if charge.kind == "swap"]
+    one_move = next(iter(built.agents.values())).trainer.cost_model.state_move_s(HOST_LINK)
+    assert 0 < one_move and sum(charge.device_s for charge in swaps) == pytest.approx(expected_moves * one_move)
+    # the solver and the verifier at least (the corrector trains only on rejections): each came in, one evicted
+    assert len({lease.agent for lease in leases}) >= 2 and expected_moves >= 3
 
 
 @pytest.mark.parametrize(("field", "value", "says"), [
