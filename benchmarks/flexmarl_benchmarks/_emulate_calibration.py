@@ -9,8 +9,8 @@ E2E is the median of the *steady* iterations among `ITERATIONS` timed ones after
 real run compiles a program the first time it meets a shape (a training length bucket, a prefill batch size,
 met again in later iterations: measured, 1-18 s in iterations 3 and 6 of 7), seconds that no cost model of a
 step predicts. JAX reports every trace, lowering and backend compile (`jax.monitoring`, events under
-`/jax/core/compile/`); an iteration is steady when they took under `STEADY_COMPILE_SHARE` of it. With fewer than
-`MIN_STEADY` steady iterations the median of all is used and the JSON says so.
+`/jax/core/compile/`); an iteration is steady when they took under `STEADY_COMPILE_SHARE` of it (`_steady.py`).
+With fewer than `MIN_STEADY` steady iterations the median of all is used and the JSON says so.
 This host's speed drifts between windows of a few seconds (the probe's engine request measured 0.8-1.4 ms per
 call between runs, a mode's real E2E 0.64-0.98 s between rounds of one run), so the calibration makes
 `REPEATS` rounds of a probe followed by a real run of each mode: the measured E2E is the median of the rounds',
@@ -35,38 +35,14 @@ import statistics
 import time
 from typing import Any
 
+from flexmarl_benchmarks._steady import compile_seconds, steady_median
+
 logger = logging.getLogger(__name__)
 
 MODES = ("serial", "sync", "flexmarl")
 UNTIMED = 2  # the first iterations compile most of the real run's programs
 ITERATIONS = 10  # timed; the statistic is the median of the steady ones
-STEADY_COMPILE_SHARE = 0.05  # an iteration whose compiles took less than this share of it is steady
-MIN_STEADY = 3
 REPEATS = 5  # rounds of a probe and a real run of each mode; the statistics are their medians
-_COMPILE_EVENTS = "/jax/core/compile/"
-_compile_seconds = [0.0]  # summed by the listener below (registered once per process)
-_listening = [False]
-
-
-def _count_compiles() -> None:
-    """Registers (once) a JAX monitoring listener that sums the seconds of every trace, lowering and compile."""
-    if _listening[0]:
-        return
-    import jax
-
-    def listen(event: str, duration: float, **_: object) -> None:
-        if event.startswith(_COMPILE_EVENTS):
-            _compile_seconds[0] += duration
-
-    jax.monitoring.register_event_duration_secs_listener(listen)
-    _listening[0] = True
-
-
-def steady_median(seconds: list[float], compile_seconds: list[float]) -> tuple[float, int]:
-    """(the median of the steady iterations, how many there were); the median of all when fewer than
-    `MIN_STEADY` are steady (then the count says so)."""
-    steady = [s for s, c in zip(seconds, compile_seconds, strict=True) if c < STEADY_COMPILE_SHARE * s]
-    return (statistics.median(steady) if len(steady) >= MIN_STEADY else statistics.median(seconds)), len(steady)
 
 
 def tiny_config(mode: str, *, seed: int, workdir: str, emulate: str = "", mfu: float = 1.0):
@@ -90,7 +66,6 @@ def iteration_seconds(config) -> tuple[list[float], list[float]]:
     `config` (after `UNTIMED` untimed ones)."""
     from flexmarl_jax.orchestrator.run import build_orchestrator
 
-    _count_compiles()
     built = build_orchestrator(config, resume=False)
     orchestrator = built.orchestrator
     orchestrator.on_update_applied = None  # no checkpoints: same in every mode, not part of an iteration's E2E
@@ -98,11 +73,11 @@ def iteration_seconds(config) -> tuple[list[float], list[float]]:
     seconds, compiles = [], []
     try:
         for iteration in range(config.iterations):
-            compiled_before, started = _compile_seconds[0], time.perf_counter()
+            compiled_before, started = compile_seconds(), time.perf_counter()
             orchestrator.run_iteration(iteration)
             if iteration >= UNTIMED:
                 seconds.append(time.perf_counter() - started)
-                compiles.append(_compile_seconds[0] - compiled_before)
+                compiles.append(compile_seconds() - compiled_before)
         return seconds, compiles
     finally:
         built.rollout.shutdown()

@@ -16,12 +16,14 @@ store) and runs the workload's warm-up iterations untimed (compilation; a persis
 modes makes that cheap for every mode after the first of a device layout). Then `--iterations` timed
 iterations on the same problems in every mode, interleaved across modes (round k runs iteration k of every
 mode) so that the shared machine's changing load does not favour one mode. Per-iteration checkpoints are
-off (same cost in every mode, not part of the paper's E2E). Per mode: E2E seconds per iteration, generated
-tokens/s, device utilization (busy device-seconds / (devices x wall): the serial mode colocates rollout and
-training, so it holds half the devices of the disaggregated modes), the time split (rollout / train / sync
-/ other, where `train` is training not hidden behind rollout), the seconds after the rollout's last call
-(`post_rollout_s`: what the asynchronous pipeline shrinks), decode steps and instance-seconds per step, and
-the store calls (wall and CPU seconds per method).
+off (same cost in every mode, not part of the paper's E2E). Only steady iterations count: a timed iteration
+in which JAX compiled (a new length bucket or batch size) is left out, and `left_out` records which, their
+seconds and their compile seconds (`_steady.py`). Per mode: E2E seconds per iteration (the steady iterations'
+median; `e2e_s_mean` beside it), generated tokens/s, device utilization (busy device-seconds / (devices x
+wall): the serial mode colocates rollout and training, so it holds half the devices of the disaggregated
+modes), the time split (rollout / train / sync / other, where `train` is training not hidden behind rollout),
+the seconds after the rollout's last call (`post_rollout_s`: what the asynchronous pipeline shrinks), decode
+steps and instance-seconds per step, and the store calls (wall and CPU seconds per method).
 
 `store_time_fraction`: the experience store is wrapped in a timing proxy (the orchestrator's only handle on
 it); the fraction is (wall time during which at least one store call was working) / E2E over the timed
@@ -42,6 +44,7 @@ import contextlib
 import dataclasses
 import logging
 import os
+import statistics
 import tempfile
 import time
 from collections.abc import Mapping
@@ -59,6 +62,7 @@ from flexmarl_benchmarks._pipeline_workload import (  # noqa: F401 - part of thi
     long_tail_length,
     seeded_uniform,
 )
+from flexmarl_benchmarks._steady import compile_seconds, is_steady, steady_indices
 from flexmarl_benchmarks._store_timing import TimedStore
 from flexmarl_jax.config.workflow_from_config import team_agents
 from flexmarl_jax.mesh.host_devices import fake_cpu_devices
@@ -194,14 +198,17 @@ class ModeRun:
     def run_timed_iteration(self) -> None:
         timeline, iteration = self.timeline, self._next_iteration
         store_cpu_before = self.timed_store.cpu_seconds()
+        compiled_before = compile_seconds()
         t0 = timeline.now()
         record = self.orchestrator.run_iteration(iteration)
         t1 = timeline.now()
+        compile_s = compile_seconds() - compiled_before
         self._next_iteration += 1
         self.iterations.append({
             "iteration": iteration,
             "start_s": t0,
             "e2e_s": t1 - t0,
+            "compile_s": compile_s,  # JAX tracing, lowering and compiling inside it (_steady.py)
             "generated_tokens": record["generated_tokens"],
             "rollout_wall_s": record["rollout_wall_s"],
             # After the last rollout call returned: the training left over, the update and the weight sync.
@@ -229,15 +236,25 @@ class ModeRun:
         self.raw_store.close()
 
     def summary(self) -> dict[str, Any]:
-        """The mode's numbers over its timed iterations (call after `close`)."""
-        iterations, n = self.iterations, len(self.iterations)
+        """The mode's numbers over its steady timed iterations (those that compiled left out, `_steady.py`): E2E
+        their median, rates and shares over their sum (call after `close`)."""
+        timed = self.iterations
+        kept = steady_indices([it["e2e_s"] for it in timed], [it["compile_s"] for it in timed])
+        iterations, n = [timed[i] for i in kept], len(kept)
+        left_out = [it for i, it in enumerate(timed) if i not in kept]
         e2e = sum(it["e2e_s"] for it in iterations)
         tokens = sum(it["generated_tokens"] for it in iterations)
         mean = lambda key: sum(it[key] for it in iterations) / n  # noqa: E731
         groups = iterations[0]["utilization_by_group"].keys()
         steps = self._steps
         return {
-            "e2e_s": e2e / n,
+            "e2e_s": statistics.median(it["e2e_s"] for it in iterations),
+            "e2e_s_mean": e2e / n,
+            "steady_iterations": sum(is_steady(it["e2e_s"], it["compile_s"]) for it in timed),
+            # Timed iterations left out because they compiled: which, their seconds, and the compiles' share.
+            "left_out": {"iterations": [it["iteration"] for it in left_out],
+                         "wall_s": sum(it["e2e_s"] for it in left_out),
+                         "compile_s": sum(it["compile_s"] for it in left_out)},
             "tokens_per_s": tokens / e2e,
             "utilization": sum(it["utilization"] * it["e2e_s"] for it in iterations) / e2e,
             "utilization_by_group": {g: sum(it["utilization_by_group"][g] * it["e2e_s"] for it in iterations) / e2e
@@ -263,7 +280,7 @@ class ModeRun:
             "devices": len({d for devices in self.devices_of.values() for d in devices}),
             "warmup_s": self.warmup_s,
             "build_s": self.build_s,
-            "iterations": iterations,
+            "iterations": [{**it, "counted": i in kept} for i, it in enumerate(timed)],  # every timed one
             "overrides": self.overrides,
         }
 

@@ -4,6 +4,7 @@ small end-to-end run of every mode (JSON structure and invariants; no speed asse
 import concurrent.futures
 import dataclasses
 import json
+import statistics
 import threading
 import time
 
@@ -161,7 +162,14 @@ def test_quick_bench_runs_every_mode_on_the_same_workload(tmp_path):
         assert 0 <= numbers["store_time_fraction"] < 1, name
         for iteration in numbers["iterations"]:
             assert sum(iteration["split"].values()) == pytest.approx(iteration["e2e_s"], rel=1e-6)
-            assert iteration["generated_tokens"] > 0
+            assert iteration["generated_tokens"] > 0 and 0 <= iteration["compile_s"]
+        # Steady iterations only: the E2E is the median of those counted, the others are listed as left out.
+        counted = [it for it in numbers["iterations"] if it["counted"]]
+        left_out = [it["iteration"] for it in numbers["iterations"] if not it["counted"]]
+        assert counted and numbers["left_out"]["iterations"] == left_out, name
+        assert numbers["e2e_s"] == pytest.approx(statistics.median(it["e2e_s"] for it in counted)), name
+        assert numbers["left_out"]["compile_s"] == pytest.approx(
+            sum(it["compile_s"] for it in numbers["iterations"] if not it["counted"])), name
         assert numbers["speedup_vs_serial"] == pytest.approx(result["modes"]["serial"]["e2e_s"] / numbers["e2e_s"])
     modes = result["modes"]
     assert result["speedup_vs_serial"] == pytest.approx(modes["serial"]["e2e_s"] / modes["flexmarl"]["e2e_s"])

@@ -142,7 +142,7 @@ def test_emulate_and_set_reach_every_preset():
 
 
 def test_the_calibration_statistic_leaves_out_iterations_that_compiled():
-    from flexmarl_benchmarks._emulate_calibration import steady_median
+    from flexmarl_benchmarks._steady import steady_median
 
     # Iterations 2 and 5 met a new shape: most of their seconds are JAX compiling.
     seconds = [0.50, 14.0, 0.60, 0.55, 4.4, 0.58, 0.52]
