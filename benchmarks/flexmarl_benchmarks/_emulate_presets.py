@@ -5,7 +5,8 @@ A preset is a team (the agents and the workflow that calls them) plus overrides 
 not named here keeps its value and its explanation there. `PAPER_WORKLOAD` holds what both teams share, the
 paper's RL setting: batch 64 per agent (4 queries in flight x 16 samples) trained in micro-batches of 16;
 long-tailed responses (log-normal around a median, capped at 8192 tokens); 4 engine instances of 64 decode
-slots per agent, one chip each; training meshes of 4 chips. The modes are the paper's: flexmarl is
+slots per agent, one chip each (each preset lowers the slots to what fits its chips' memory at the maximum
+context, `slots_that_fit`); training meshes of 4 chips. The modes are the paper's: flexmarl is
 on-policy (staleness 0) with micro-batch overlap, balancing (queue-gap threshold Delta = 5) and shared
 training slices, and each ablation takes one of those away; flexmarl_stale is this project's
 bounded-staleness extension (up to 5 versions behind), run beside them and never reported as the paper's.
@@ -13,12 +14,13 @@ Load is skewed within each team: some agents are called several times per trajec
 one policy), so their engines and trainers carry several times the others' rows.
 
 MA (math-agent team, 15 agents): configs/mixture.py with 14 proposers (calls 4, 3, 2 and eleven of 1) and an
-aggregator; Qwen2.5-14B on TPU v5p (one chip per engine instance: 29 GB of weights and ~21 GB of KV cache).
+aggregator; Qwen2.5-14B on TPU v5p (one chip per engine instance: 29.5 GB of weights and 39 slots of KV cache
+at the maximum context, 65 GB).
 CA (coding-agent team, 11 agents): a DAG (configs/dag_example.py's builder): a planner; six coders (calls 3, 2
 and four of 1) and three testers (calls 2, 1, 1) working from the plan side by side; a reviewer reading them
-all. Qwen2.5-32B on TPU v5p, two chips per engine instance (its 65 GB of bf16 weights and 64 slots' KV cache
-at a ~1,700-token mean context, ~28 GB, would fill one chip's 95 GB) and eight per training mesh (fp32 Adam
-state of 32B parameters, ~512 GB, needs more than four chips' 380 GB). Three calls deep: plan, write and test,
+all. Qwen2.5-32B on TPU v5p, two chips per engine instance (its 65.5 GB of bf16 weights leave one chip 29 GB,
+under 14 sequences' KV cache at the maximum context; two hold 56) and eight per training mesh (fp32 Adam state
+of 32B parameters, ~512 GB, needs more than four chips' 380 GB). Three calls deep: plan, write and test,
 review.
 
 `bench emulate --set KEY=VALUE` changes any config key for a run (e.g. a shorter `rollout.max_response_length`
@@ -160,15 +162,37 @@ def coding_team(coder_calls: Mapping[str, int],
 MA_PROPOSER_CALLS = {f"proposer{index}": calls for index, calls in enumerate((4, 3, 2) + (1,) * 11)}
 CA_CODER_CALLS = {f"coder{index}": calls for index, calls in enumerate((3, 2, 1, 1, 1, 1))}
 CA_TESTER_CALLS = {"tester0": 2, "tester1": 1, "tester2": 1}
-MA = Preset(name="MA", team=mixture_team(MA_PROPOSER_CALLS), overrides={"pipeline.emulate": "v5p:qwen2.5-14b"})
+
+
+def slots_that_fit(emulate: str, chips: int) -> int:
+    """Decode slots per engine instance of `chips` chips (`emulate` = CHIP:MODEL) whose KV cache fits beside the
+    weights at the workload's maximum context (prompt + response caps), as the run config checks it
+    (emulation/rules.py `decode_slots_problem`): the source of each preset's `rollout.decode_slots`."""
+    from flexmarl_jax.emulation.cost_model import CostModel
+    from flexmarl_jax.emulation.spec import parse_emulate
+
+    device = parse_emulate(emulate)
+    context = PAPER_WORKLOAD["rollout.max_prompt_length"] + PAPER_WORKLOAD["rollout.max_response_length"]
+    return CostModel(device.model, device.chip, chips=chips, mfu=1.0).decode_slots_that_fit(context)
+
+
+# 39 slots of 8,448 positions fit beside Qwen2.5-14B's 29.5 GB on a 95 GB v5p chip; 56 beside Qwen2.5-32B's
+# 65.5 GB on two.
+MA = Preset(name="MA", team=mixture_team(MA_PROPOSER_CALLS),
+            overrides={"pipeline.emulate": "v5p:qwen2.5-14b",
+                       "rollout.decode_slots": slots_that_fit("v5p:qwen2.5-14b", chips=1)})
 CA = Preset(name="CA", team=coding_team(CA_CODER_CALLS, CA_TESTER_CALLS),
             overrides={"pipeline.emulate": "v5p:qwen2.5-32b", "mesh.rollout_devices_per_instance": 2,
-                       "mesh.train_devices_per_agent": 8})
+                       "mesh.train_devices_per_agent": 8,
+                       "rollout.decode_slots": slots_that_fit("v5p:qwen2.5-32b", chips=2)})
 PRESETS: dict[str, Preset] = {"MA": MA, "CA": CA}
-# The FlexMARL paper's figures for each preset, printed beside ours (a pair is the paper's range).
+# The FlexMARL paper's figures for each preset, printed beside ours (a pair is the paper's range): speedup over
+# its serial baseline (MAS-RL: 914.4 / 126.1 s for MA, 438.6 / 78.8 s for CA), E2E without async (256.2 / 126.1
+# and 124.1 / 78.8, less one), throughput lost without balancing (-20% to -26%, MA and CA together) and its
+# utilization (32.4% MA, 19.8% CA).
 PAPER = {
     "MA": {"speedup_vs_serial": 7.3, "e2e_increase_without_async": 1.03,
-           "throughput_loss_without_balancing": (0.20, 0.26), "train_utilization": 0.5},
+           "throughput_loss_without_balancing": (0.20, 0.26), "train_utilization": 0.324},
     "CA": {"speedup_vs_serial": 5.6, "e2e_increase_without_async": 0.58,
-           "throughput_loss_without_balancing": (0.20, 0.26), "train_utilization": 0.5},
+           "throughput_loss_without_balancing": (0.20, 0.26), "train_utilization": 0.198},
 }

@@ -461,9 +461,24 @@ class RunConfig(Section):
                               f"exceeds rollout.max_response_length={self.rollout.max_response_length}")
         self._check_distributed()
         self._check_lora_groups()
+        self._check_emulated_slots()
         if not 0 <= self.mesh.train_slices <= len(self.agents):
             raise ConfigError(f"config.mesh.train_slices={self.mesh.train_slices} must be in 0..{len(self.agents)} "
                               "(the number of agents; 0 = a dedicated training slice per agent)")
+
+    def _check_emulated_slots(self) -> None:
+        """An emulated engine instance's decode slots must fit its chips' HBM at the maximum context."""
+        if not self.pipeline.emulate:
+            return
+        # lazy: importing the config must not load the emulation package (emulation/rules.py)
+        from flexmarl_jax.emulation.rules import decode_slots_problem
+
+        rollout = self.rollout
+        problem = decode_slots_problem(self.pipeline.emulate, rollout.decode_slots,
+                                       rollout.max_prompt_length + rollout.max_response_length,
+                                       self.mesh.rollout_devices_per_instance)
+        if problem:
+            raise ConfigError(f"config.rollout.decode_slots={rollout.decode_slots} {problem}")
 
     def _check_lora_groups(self) -> None:
         """LoRA agents of one `model` share one frozen base (a base group), so they must agree on its dtype; and

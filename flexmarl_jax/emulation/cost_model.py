@@ -93,6 +93,12 @@ class CostModel:
         """Bytes of every parameter at `weight_bytes` each: what a weight sync moves."""
         return self.model.num_params() * self.weight_bytes
 
+    def decode_slots_that_fit(self, context: int) -> int:
+        """Sequences of `context` positions whose KV cache fits in the chips' HBM beside the weights (0 when the
+        weights alone do not fit): the most decode slots an engine instance can hold at that context."""
+        free = self.chips * self.chip.hbm_bytes - self.weights_bytes()
+        return max(0, int(free // (self.kv_bytes_per_token() * context)))
+
     def min_chips(self, kv_tokens: int = 0) -> int:
         """Chips whose HBM holds the weights plus `kv_tokens` positions of KV cache."""
         needed = self.weights_bytes() + kv_tokens * self.kv_bytes_per_token()

@@ -83,11 +83,35 @@ def test_every_mode_but_the_stale_extension_is_on_policy_and_the_ablations_take_
     assert differences("flexmarl_stale") == {"train.max_staleness"}
 
 
+def test_each_presets_slots_are_the_most_whose_kv_cache_fits_at_the_maximum_context(tmp_path):
+    from flexmarl_jax.config.errors import ConfigError
+    from flexmarl_jax.emulation.chips import get_chip
+    from flexmarl_jax.emulation.model_shapes import resolve_model_shape
+
+    for preset, model_name, chips in ((MA, "qwen2.5-14b", 1), (CA, "qwen2.5-32b", 2)):
+        config = RunConfig.from_config(preset.config_dict(preset.modes()["flexmarl"], seed=0, workdir=str(tmp_path)))
+        model, hbm = resolve_model_shape(model_name), chips * get_chip("v5p").hbm_bytes
+        context = config.rollout.max_prompt_length + config.rollout.max_response_length
+        kv_per_slot = 2 * model.num_layers * model.num_kv_heads * model.head_dim * 2 * context  # K and V, bf16
+        weights = model.num_params() * 2
+        slots = config.rollout.decode_slots
+        assert config.mesh.rollout_devices_per_instance == chips
+        assert weights + slots * kv_per_slot <= hbm < weights + (slots + 1) * kv_per_slot, preset.name
+        # one slot more is refused by the run config, in one line naming the setting and what fits
+        with pytest.raises(ConfigError) as error:
+            RunConfig.from_config(preset.config_dict(preset.modes()["flexmarl"], seed=0, workdir=str(tmp_path),
+                                                     changes={"rollout.decode_slots": slots + 1}))
+        message = str(error.value)
+        assert "\n" not in message and f"config.rollout.decode_slots={slots + 1}" in message
+        assert f"at most {slots} slots fit" in message
+    assert (MA.overrides["rollout.decode_slots"], CA.overrides["rollout.decode_slots"]) == (39, 56)
+
+
 def test_preset_changes_come_last(tmp_path):
     changed = RunConfig.from_config(MA.config_dict(MA.modes()["serial"], seed=3, workdir=str(tmp_path),
                                                    changes={"rollout.max_response_length": "2048"}))
     assert changed.rollout.max_response_length == 2048 and changed.seed == 3
-    assert changed.rollout.decode_slots == PAPER_WORKLOAD["rollout.decode_slots"]
+    assert changed.rollout.decode_slots == MA.overrides["rollout.decode_slots"] < PAPER_WORKLOAD["rollout.decode_slots"]
 
 
 @pytest.mark.timeout(120)
