@@ -167,7 +167,7 @@ CA_TESTER_CALLS = {"tester0": 2, "tester1": 1, "tester2": 1}
 def slots_that_fit(emulate: str, chips: int) -> int:
     """Decode slots per engine instance of `chips` chips (`emulate` = CHIP:MODEL) whose KV cache fits beside the
     weights at the workload's maximum context (prompt + response caps), as the run config checks it
-    (emulation/rules.py `decode_slots_problem`): the source of each preset's `rollout.decode_slots`."""
+    (emulation/cost_model.py `decode_slots_problem`): the source of each preset's `rollout.decode_slots`."""
     from flexmarl_jax.emulation.cost_model import CostModel
     from flexmarl_jax.emulation.spec import parse_emulate
 

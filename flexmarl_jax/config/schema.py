@@ -470,8 +470,8 @@ class RunConfig(Section):
         """An emulated engine instance's decode slots must fit its chips' HBM at the maximum context."""
         if not self.pipeline.emulate:
             return
-        # lazy: importing the config must not load the emulation package (emulation/rules.py)
-        from flexmarl_jax.emulation.rules import decode_slots_problem
+        # lazy: importing the config must not load the emulation package
+        from flexmarl_jax.emulation.cost_model import decode_slots_problem
 
         rollout = self.rollout
         problem = decode_slots_problem(self.pipeline.emulate, rollout.decode_slots,

@@ -41,6 +41,7 @@ import math
 from flexmarl_jax.emulation.chips import Chip, Link
 from flexmarl_jax.emulation.roofline import forward_flops_per_token, matmul_weights, train_step_flops
 from flexmarl_jax.emulation.rules import mfu_problem
+from flexmarl_jax.emulation.spec import parse_emulate
 from flexmarl_jax.models.config import ModelConfig
 
 BF16_BYTES = 2
@@ -180,3 +181,22 @@ def transfer_s(nbytes: float, link: Link, parallel_links: int = 1) -> float:
         raise ValueError(f"transfer of nbytes={nbytes} over parallel_links={parallel_links}: need nbytes >= 0 "
                          "and parallel_links >= 1")
     return link.latency_s + nbytes / (parallel_links * link.bytes_per_s)
+
+
+def decode_slots_problem(emulate: str, decode_slots: int, context: int, chips: int) -> str | None:
+    """An emulated engine instance (`chips` chips of `emulate`'s CHIP:MODEL) holds `decode_slots` sequences of
+    `context` positions: their KV cache must fit in its HBM beside the weights, as a real engine's memory check
+    requires (config/memory.py)."""
+    gb = 1e9  # as the chips' spec sheets print it (emulation/chips.py)
+    device = parse_emulate(emulate)
+    model = CostModel(device.model, device.chip, chips=chips, mfu=1.0)
+    fit = model.decode_slots_that_fit(context)
+    if decode_slots <= fit:
+        return None
+    need = decode_slots * context * model.kv_bytes_per_token()
+    room = chips * device.chip.hbm_bytes - model.weights_bytes()
+    return (f"needs {need / gb:.0f} GB of KV cache at the maximum context ({context} positions) on an engine "
+            f"instance of {chips} {device.chip.name} chip(s) ({chips * device.chip.hbm_bytes / gb:.0f} GB of HBM, "
+            f"{model.weights_bytes() / gb:.1f} GB of it {device.model_name}'s weights), which has room for "
+            f"{max(room, 0) / gb:.0f} GB: at most {fit} slots fit; lower it or raise "
+            "mesh.rollout_devices_per_instance")

@@ -28,24 +28,3 @@ def tokens_per_call_problem(tokens_per_call: int) -> str | None:
         return "must be an int >= 1 (1 = one decode step per call, like a real engine)"
     return None
 
-
-def decode_slots_problem(emulate: str, decode_slots: int, context: int, chips: int) -> str | None:
-    """An emulated engine instance (`chips` chips of `emulate`'s CHIP:MODEL) holds `decode_slots` sequences of
-    `context` positions: their KV cache must fit in its HBM beside the weights, as a real engine's memory check
-    requires (config/memory.py)."""
-    gb = 1e9  # as the chips' spec sheets print it (emulation/chips.py)
-    from flexmarl_jax.emulation.cost_model import CostModel
-    from flexmarl_jax.emulation.spec import parse_emulate
-
-    device = parse_emulate(emulate)
-    model = CostModel(device.model, device.chip, chips=chips, mfu=1.0)
-    fit = model.decode_slots_that_fit(context)
-    if decode_slots <= fit:
-        return None
-    need = decode_slots * context * model.kv_bytes_per_token()
-    room = chips * device.chip.hbm_bytes - model.weights_bytes()
-    return (f"needs {need / gb:.0f} GB of KV cache at the maximum context ({context} positions) on an engine "
-            f"instance of {chips} {device.chip.name} chip(s) ({chips * device.chip.hbm_bytes / gb:.0f} GB of HBM, "
-            f"{model.weights_bytes() / gb:.1f} GB of it {device.model_name}'s weights), which has room for "
-            f"{max(room, 0) / gb:.0f} GB: at most {fit} slots fit; lower it or raise "
-            "mesh.rollout_devices_per_instance")
