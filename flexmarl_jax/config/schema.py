@@ -261,9 +261,11 @@ class PipelineConfig(Section):
     balance_delta: int = setting(5, rule=balance_delta_problem,
                                  help="move instances when max - min agent queue length exceeds this")
     balance_cooldown_s: float = setting(1.0, rule=balance_cooldown_problem,
-                                        help="a moved instance stays with its new agent at least this long")
+                                        help="a moved instance stays with its new agent at least this long "
+                                             "(device seconds: an emulated run compresses it)")
     balance_poll_s: float = setting(0.02, rule=balance_poll_problem,
-                                    help="how often the balancer polls queue lengths")
+                                    help="how often the balancer polls queue lengths (device seconds, as the "
+                                         "cooldown)")
     debug_invariants: bool = setting(False, help="check consistency invariants at run time (slower)")
     deterministic: bool = setting(False, help="train after each rollout, cutting micro-batches in group-id order, "
                                   "so two runs with one seed end with bit-identical parameters (no overlap of "

@@ -48,6 +48,7 @@ class TimedInstance(EngineInstance):
 
     timeline: Timeline | None = None
     agent: str | None = None
+    _load_started: float | None = None  # when the weights a migration waits for were handed over
 
     def step(self) -> None:
         timeline = self.timeline
@@ -68,6 +69,19 @@ class TimedInstance(EngineInstance):
                 self.timeline.add_interval(f"rollout/{self.name}", self._span_start, self.timeline.now(),
                                            kind="decode", agent=self.agent)
             self._span_start = None
+
+    def update_params(self, params: Any, version: int) -> None:
+        self._load_started = None if self.timeline is None else self.timeline.now()
+        super().update_params(params, version)
+
+    def wait_for_weights(self) -> None:
+        """Waits for the transfer (a migration's load), shown as a "load" interval on this instance's row."""
+        super().wait_for_weights()
+        started = self._load_started
+        if self.timeline is not None and started is not None:
+            self.timeline.add_interval(f"rollout/{self.name}", started, self.timeline.now(), kind="load",
+                                       agent=self.agent)
+            self._load_started = None
 
     def reassign(self, agent: str) -> None:
         """Serves `agent` from now on (after a migration): spans so far belong to the previous agent."""

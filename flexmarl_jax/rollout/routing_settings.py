@@ -28,7 +28,11 @@ def health_settings_for(config: RunConfig) -> dict[str, Any]:
 
 def balancer_settings_for(config: RunConfig) -> dict[str, Any]:
     """`InstanceBalancer`'s delta, cooldown_s, poll_interval_s (pipeline.balance_*) and min_instances_per_agent
-    (rollout.min_instances_per_agent)."""
-    return {"delta": config.pipeline.balance_delta, "cooldown_s": config.pipeline.balance_cooldown_s,
-            "poll_interval_s": config.pipeline.balance_poll_s,
+    (rollout.min_instances_per_agent). The cooldown and the poll interval are device time: an emulated run
+    (`pipeline.emulate`) compresses them by `pipeline.emulate_compression` like every device second, so the
+    balancer acts as often per emulated step as it would on the chips."""
+    pipeline = config.pipeline
+    compression = pipeline.emulate_compression if pipeline.emulate else 1.0
+    return {"delta": pipeline.balance_delta, "cooldown_s": pipeline.balance_cooldown_s / compression,
+            "poll_interval_s": pipeline.balance_poll_s / compression,
             "min_instances_per_agent": config.rollout.min_instances_per_agent}

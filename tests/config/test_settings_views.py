@@ -182,6 +182,17 @@ def test_the_emulation_built_from_the_run_config_holds_its_values():
     assert engine.device.timescale is emulation.timescale and engine.cost_model is emulation.rollout
 
 
+def test_an_emulated_runs_balancer_waits_its_cooldown_and_polls_in_device_time():
+    config = _emulated(RunConfig())
+    config = dataclasses.replace(config, pipeline=dataclasses.replace(config.pipeline, emulate_compression=8.0))
+    compression = config.pipeline.emulate_compression
+    balancer = InstanceBalancer(RequestRouter(_instances(1, 1, 1), **router_settings_for(config)),
+                                **balancer_settings_for(config))
+    assert balancer.cooldown_s == pytest.approx(config.pipeline.balance_cooldown_s / compression)
+    assert balancer.poll_interval_s == pytest.approx(config.pipeline.balance_poll_s / compression)
+    assert balancer.delta == config.pipeline.balance_delta  # a count of requests: no time to scale
+
+
 def test_the_lora_spec_built_from_the_run_config_holds_its_values():
     config = RunConfig()
     settings = config.agents["solver"].lora

@@ -9,6 +9,7 @@ all (this host is two shared CPU cores, often loaded: a single 10 ms interval ca
 """
 
 import dataclasses
+import time
 
 import pytest
 
@@ -41,6 +42,11 @@ def run_two_iterations(config: RunConfig):
     built.orchestrator.set_horizon(config.iterations)
     try:
         records = [built.orchestrator.run_iteration(i) for i in range(config.iterations)]
+        # The last sync's weights reach an instance at its next step, on its own thread, once the emulated
+        # transfer has been queued behind its work: let every instance take them before the threads stop.
+        deadline = time.monotonic() + 10.0
+        while any(instance.has_work() for instance in built.rollout.instances) and time.monotonic() < deadline:
+            time.sleep(0.01)
     finally:
         built.rollout.shutdown()
     return built, records

@@ -156,10 +156,12 @@ def test_balancing_loses_nothing_and_keeps_minimums(ops, per_agent, delta, min_i
 def test_migrated_instance_generates_with_new_agents_weights(engine, tiny_model):
     other = make_tiny_model(seed=1)  # the critic: same architecture, other weights
     solver_params, critic_params = tiny_model.params, other.params
-    instances = {"solver": [EngineInstance(engine, solver_params, policy_version=7, name="solver0")],
-                 "critic": [EngineInstance(engine, critic_params, name="critic0"),
-                            EngineInstance(engine, critic_params, name="critic1")]}
+    from flexmarl_jax.orchestrator.rollout_setup import TimedInstance
+
     timeline = Timeline()
+    instances = {"solver": [EngineInstance(engine, solver_params, policy_version=7, name="solver0")],
+                 "critic": [TimedInstance(engine, critic_params, name="critic0").attach(timeline, "critic"),
+                            EngineInstance(engine, critic_params, name="critic1")]}
     router = RequestRouter(instances, **router_settings(),
                            initial_weights={"solver": (solver_params, 7), "critic": (critic_params, 0)})
     balancer = InstanceBalancer(router, **balancer_settings(delta=5), timeline=timeline)
@@ -184,3 +186,7 @@ def test_migrated_instance_generates_with_new_agents_weights(engine, tiny_model)
         assert result.logprobs != critic[0].logprobs  # the critic's weights would have scored otherwise
     events = timeline.events(MIGRATION)
     assert [(e.resource, e.attrs["from_agent"], e.agent) for e in events] == [("rollout/critic0", "critic", "solver")]
+    # the move paid its weight load: on the moved instance's timeline row, and in the router's move time
+    loads = [i for i in timeline.intervals("rollout/critic0") if i.kind == "load"]
+    assert len(loads) == 1 and loads[0].end <= events[0].time + 1e-6
+    assert router.stats["migrations"] == 1 and router.stats["migration_s"] >= loads[0].end - loads[0].start
