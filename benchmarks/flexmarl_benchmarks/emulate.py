@@ -19,8 +19,10 @@ The headline figures of a preset, fractions as in the paper (1.03 = +103%):
   throughput_loss_without_balancing        1 - tokens per second(no_balancing) / tokens per second(flexmarl)
   train_utilization                        flexmarl's training-pool utilization (static_allocation's beside it)
   stale_extension_speedup_vs_flexmarl      ours, not the paper's: E2E of flexmarl over flexmarl_stale's
-Per mode also: `sync_s`, `swap_s` and `balancer` (moves, queue_peak per agent, migration_s), in device
-seconds, and `train_tokens` (real and padded).
+  flexmarl_e2e_vs_lower_bound              flexmarl's E2E over its `lower_bound_s` (_lower_bound.py)
+Per mode also: `lower_bound_s` (what no schedule of the workload beats, with its parts), `sync_s`, `swap_s`
+and `balancer` (moves, queue_peak per agent, migration_s), in device seconds, and `train_tokens` (real and
+padded).
 
 First, unless `--no-calibration`: the default tiny workload run on this CPU for real against the same config
 emulated on this host's measured chip (`_emulate_calibration.py`); `calibration` -> {mode: {measured_e2e_s,
@@ -40,6 +42,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from flexmarl_benchmarks._emulate_presets import PAPER, PRESETS, Preset
+from flexmarl_benchmarks._lower_bound import CallRecorder, iteration_lower_bound
 from flexmarl_benchmarks._output import write_json
 
 logger = logging.getLogger(__name__)
@@ -56,6 +59,7 @@ def run_mode(preset: Preset, mode: str, overrides: Mapping[str, object], *, seed
     its Gantt chart (the last `gantt_iterations`) and load plots go to `plots_dir/<preset>/<mode>`."""
     from flexmarl_jax.config import RunConfig
     from flexmarl_jax.emulation.timescale import MAX_HOST_OVERHEAD_SHARE
+    from flexmarl_jax.orchestrator.emulated_setup import Emulation
     from flexmarl_jax.orchestrator.run import build_orchestrator
 
     config = RunConfig.from_config(preset.config_dict(overrides, seed=seed, workdir=os.path.join(root, mode),
@@ -64,15 +68,27 @@ def run_mode(preset: Preset, mode: str, overrides: Mapping[str, object], *, seed
     built = build_orchestrator(config, resume=False)
     orchestrator = built.orchestrator
     orchestrator.set_horizon(config.iterations)
+    recorder = orchestrator.backend = CallRecorder(orchestrator.backend)
+    emulation = Emulation.from_config(config)  # the run's cost models, for the lower bound
+    trainers = {agent: runtime.trainer for agent, runtime in built.agents.items()}
+    meshes = config.mesh.train_slices or len(trainers)
     timed = []
     try:
         orchestrator.run_iteration(0)
+        recorder.take()
         for iteration in range(1, config.iterations):
+            charged = {agent: len(trainer.charges) for agent, trainer in trainers.items()}
             t0 = orchestrator.timeline.now()
             record = orchestrator.run_iteration(iteration)
-            timed.append({"wall_s": orchestrator.timeline.now() - t0, "generated_tokens": record["generated_tokens"],
+            wall = orchestrator.timeline.now() - t0
+            micro_batch_s = {agent: [c.device_s for c in trainer.charges[charged[agent]:] if c.kind == "micro_batch"]
+                             for agent, trainer in trainers.items()}
+            bound = iteration_lower_bound(recorder.take(), orchestrator.workflow, rollout=emulation.rollout,
+                                          train=emulation.train, sync_s=emulation.weight_sync_s(),
+                                          micro_batch_s=micro_batch_s, meshes=meshes)
+            timed.append({"wall_s": wall, "generated_tokens": record["generated_tokens"],
                           "rollout_wall_s": record["rollout_wall_s"], "sync_s": record["sync_s"],
-                          "train_utilization": record["train_pool"]["utilization"]})
+                          "train_utilization": record["train_pool"]["utilization"], "bound": bound})
     finally:
         built.rollout.shutdown()
         built.store.close()
@@ -93,6 +109,10 @@ def run_mode(preset: Preset, mode: str, overrides: Mapping[str, object], *, seed
     micro_batches = [charge for charge in charges if charge.kind == "micro_batch"]
     return {
         "e2e_s": wall / len(timed) * compression,  # device seconds per iteration
+        # No schedule of the iterations' workloads beats this (_lower_bound.py): the mean over the timed ones
+        "lower_bound_s": sum(it["bound"]["lower_bound_s"] for it in timed) / len(timed),
+        "lower_bound_parts_s": {part: sum(it["bound"][part] for it in timed) / len(timed)
+                                for part in ("critical_path_s", "tail_s", "training_s")},
         "wall_s_per_iteration": wall / len(timed),
         "tokens_per_s": sum(it["generated_tokens"] for it in timed) / (wall * compression),
         "rollout_s": sum(it["rollout_wall_s"] for it in timed) / len(timed) * compression,
@@ -139,6 +159,7 @@ def headline(modes: Mapping[str, dict[str, Any]]) -> dict[str, Any]:
         "train_utilization": get("flexmarl", "train_utilization"),
         "train_utilization_static_allocation": get("static_allocation", "train_utilization"),
         "stale_extension_speedup_vs_flexmarl": ratio(proposed, get("flexmarl_stale", "e2e_s")),
+        "flexmarl_e2e_vs_lower_bound": ratio(proposed, get("flexmarl", "lower_bound_s")),
         "host_overhead_within_bound": all(m["host_overhead_within_bound"] for m in modes.values()),
     }
 
@@ -166,13 +187,14 @@ def print_summary(result: Mapping[str, Any]) -> None:
         print(f"preset {name} ({preset['wall_s']:.0f} s here); paper: {preset['paper']}")
         for mode, numbers in preset["modes"].items():
             balancer = numbers["balancer"]
-            print(f"  {mode:18s} E2E {numbers['e2e_s']:8.1f} device-s/iter  {numbers['tokens_per_s']:9.1f} tok/s  "
+            print(f"  {mode:18s} E2E {numbers['e2e_s']:8.1f} device-s/iter (bound {numbers['lower_bound_s']:.1f})  "
+                  f"{numbers['tokens_per_s']:9.1f} tok/s  "
                   f"train util {numbers['train_utilization']:.1%}  host stall {numbers['host_stall_share']:.1%}  "
                   f"moves {balancer['moves']} (queue peak {max(balancer['queue_peak'].values(), default=0)}, "
                   f"{balancer['migration_s']:.1f} device-s)")
         for key in ("speedup_vs_serial", "speedup_vs_sync", "e2e_increase_without_async",
                     "throughput_loss_without_balancing", "train_utilization", "train_utilization_static_allocation",
-                    "stale_extension_speedup_vs_flexmarl"):
+                    "stale_extension_speedup_vs_flexmarl", "flexmarl_e2e_vs_lower_bound"):
             value = preset[key]
             print(f"  {key}: {'-' if value is None else f'{value:.3f}'}")
         within = preset["host_overhead_within_bound"]

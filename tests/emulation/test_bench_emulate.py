@@ -134,6 +134,10 @@ def test_a_small_preset_runs_a_mode_through_the_orchestrator(team, tmp_path):
     assert set(balancer["queue_peak"]) == set(team) and all(peak >= 0 for peak in balancer["queue_peak"].values())
     assert balancer["moves"] >= 0 and balancer["migration_s"] >= 0 and numbers["sync_s"] > 0
     assert numbers["swap_s"] > 0  # three agents take turns on one slice: states move in and out
+    # a lower bound: below what the run took, and its critical path a real chain of calls (more than a call)
+    assert 0 < numbers["lower_bound_s"] <= numbers["e2e_s"]
+    parts = numbers["lower_bound_parts_s"]
+    assert numbers["lower_bound_s"] >= parts["critical_path_s"] + parts["tail_s"] - 1e-9 and parts["training_s"] > 0
     tokens = numbers["train_tokens"]
     assert 0 < tokens["real"] <= tokens["padded"]  # padding to the longest row of a micro-batch adds, never drops
     assert (tmp_path / "plots" / "small" / "flexmarl" / "gantt.png").stat().st_size > 0
@@ -202,3 +206,35 @@ def test_the_calibration_takes_each_probe_figure_as_the_median_of_its_rounds():
     assert costs.train_mfu == pytest.approx(0.18)
     one = probe(100.0, 1e-3, 0.5, 1.5)
     assert median_probe([one]) == (one[0], dataclasses.replace(one[1], train_mfu=pytest.approx(0.5)))
+
+
+def test_the_lower_bound_is_the_longest_chain_of_calls_costed_alone_then_what_cannot_overlap_it():
+    from flexmarl_benchmarks._lower_bound import critical_path, decode_call_s, iteration_lower_bound
+    from flexmarl_jax.emulation.chips import get_chip
+    from flexmarl_jax.models.presets import get_preset
+    from flexmarl_jax.workflows.graph import Edge, Node, Workflow, first_answer_of
+    from tests.settings_views import cost_model
+
+    model = cost_model(get_preset("qwen2.5-14b"), get_chip("v5p"), chips=1)
+    # A call of 300 steps from 100 positions: at least 300 steps at the first context, at most their exact sum,
+    # which the convexity bound (300 steps at the mean context) may not exceed.
+    exact = model.prefill_s(1, 100) + model.decode_steps_s(1, 100, 300)
+    assert model.prefill_s(1, 100) + 300 * model.decode_step_s(1, 100) <= decode_call_s(model, 100, 300) <= exact
+    # plan -> (a, b) -> review; two trajectories of one query: the second's chain through b is the longest.
+    workflow = Workflow("dag", [Node("plan", "plan"), Node("a", "a"), Node("b", "b"), Node("review", "review")],
+                        [Edge("plan", "a"), Edge("plan", "b"), Edge("a", "review"), Edge("b", "review")],
+                        first_answer_of(["review"]))
+    turn = workflow.turn
+    calls = [("plan", "q", turn["plan"], [(10, 50), (10, 20)]), ("a", "q", turn["a"], [(60, 100), (30, 10)]),
+             ("b", "q", turn["b"], [(60, 10), (30, 400)]), ("review", "q", turn["review"], [(200, 5), (500, 30)])]
+    seconds, agent, length = critical_path(calls, workflow, model)
+    first = decode_call_s(model, 10, 50) + decode_call_s(model, 60, 100) + decode_call_s(model, 200, 5)
+    second = decode_call_s(model, 10, 20) + decode_call_s(model, 30, 400) + decode_call_s(model, 500, 30)
+    assert seconds == pytest.approx(max(first, second)) and second > first and (agent, length) == ("review", 530)
+    bound = iteration_lower_bound(calls, workflow, rollout=model, train=model, sync_s=0.5,
+                                  micro_batch_s={"plan": [1.0], "a": [2.0, 2.0], "b": [3.0], "review": [1.0]},
+                                  meshes=2)
+    assert bound["tail_s"] == pytest.approx(model.train_micro_batch_s(1, 530) + model.optimizer_apply_s() + 0.5)
+    # training: 9 s of micro-batches over 2 meshes (4.5 s), no agent under its own 4 s, then an update and a sync
+    assert bound["training_s"] == pytest.approx(4.5 + model.optimizer_apply_s() + 0.5)
+    assert bound["lower_bound_s"] == max(bound["critical_path_s"] + bound["tail_s"], bound["training_s"])
