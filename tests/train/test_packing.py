@@ -31,7 +31,7 @@ def _long_tailed_rows(count: int, seed: int) -> dict:
 
 def _batches(rows, micro=MICRO):
     return build_iteration(agent="solver", aggregation=LOSS.aggregation, micro_batch_size=micro, max_len=MAX_LEN,
-                           **rows)
+                           **rows)  # PPO's old_values and returns too, when the rows carry them
 
 
 def test_bin_counts_and_first_fit():
@@ -96,15 +96,27 @@ def test_packed_sequences_do_not_see_each_other(tiny_model_config, initial):
             offset += n
 
 
-@pytest.mark.parametrize("lora,rows_per_pass", [(False, 0), (True, 0), (False, 4)])
-def test_a_packed_trainer_has_the_unpacked_loss_and_gradient(tiny_model_config, initial, lora, rows_per_pass):
+@pytest.mark.parametrize("lora,rows_per_pass,algorithm", [(False, 0, "grpo"), (True, 0, "grpo"), (False, 4, "grpo"),
+                                                          (False, 0, "ppo")])
+def test_a_packed_trainer_has_the_unpacked_loss_and_gradient(tiny_model_config, initial, lora, rows_per_pass,
+                                                             algorithm):
     """Two micro-batches of a long-tailed iteration (KL on, so the reference's log-probs pack too): gradients
-    within 1e-5 relative, every metric within 1e-5, in fewer rows; with passes of 4, fewer passes."""
+    within 1e-5 relative, every metric within 1e-5, in fewer rows; with passes of 4, fewer passes. PPO: the
+    critic's old values and the returns are per token, fixed per sequence before packing (GAE runs on each
+    unpacked row), so they pack as the log-probs do and the value loss is the unpacked one's."""
+    from flexmarl_jax.train.algorithms import loss_config_for
+
     spec = lora_spec(rank=4, alpha=8.0) if lora else lora_spec(rank=0)
     rows = _long_tailed_rows(2 * MICRO, seed=3)
+    loss = LOSS
+    if algorithm == "ppo":
+        loss = loss_config_for("ppo", kl_coef=LOSS.kl_coef, tis_cap=LOSS.tis_cap)
+        rng = np.random.default_rng(4)
+        rows["old_values"] = [list(rng.normal(size=len(r))) for r in rows["response_ids"]]
+        rows["returns"] = [list(rng.normal(size=len(r))) for r in rows["response_ids"]]
     trainers = {}
     for pack in (False, True):
-        config = trainer_config(micro_batch_size=MICRO, max_len=MAX_LEN, loss=LOSS, optimizer=ADAM, lora=spec,
+        config = trainer_config(micro_batch_size=MICRO, max_len=MAX_LEN, loss=loss, optimizer=ADAM, lora=spec,
                                 rows_per_pass=rows_per_pass, pack_rows=pack)
         trainer = trainers[pack] = AgentTrainer("solver", tiny_model_config, config, initial=initial)
         for batch in _batches(rows):
@@ -114,6 +126,8 @@ def test_a_packed_trainer_has_the_unpacked_loss_and_gradient(tiny_model_config, 
     metrics = {pack: jax.device_get(trainer._accum["metrics"]) for pack, trainer in trainers.items()}
     for name, value in metrics[False].items():
         assert float(metrics[True][name]) == pytest.approx(float(value), rel=1e-5, abs=1e-6), name
+    if algorithm == "ppo":  # the critic's loss is in the compared gradients and metrics
+        assert float(metrics[False]["value_loss"]) > 0.1
     if rows_per_pass:
         bins = [packed._place_passes(pack_micro_batch(b, packed._bin_counts())) for b in _batches(rows)]
         assert sum(len(passes) for passes in bins) < 2 * MICRO // rows_per_pass
