@@ -168,12 +168,10 @@ def slots_that_fit(emulate: str, chips: int) -> int:
     """Decode slots per engine instance of `chips` chips (`emulate` = CHIP:MODEL) whose KV cache fits beside the
     weights at the workload's maximum context (prompt + response caps), as the run config checks it
     (emulation/cost_model.py `decode_slots_problem`): the source of each preset's `rollout.decode_slots`."""
-    from flexmarl_jax.emulation.cost_model import CostModel
-    from flexmarl_jax.emulation.spec import parse_emulate
+    from flexmarl_jax.emulation.cost_model import instance_cost_model
 
-    device = parse_emulate(emulate)
     context = PAPER_WORKLOAD["rollout.max_prompt_length"] + PAPER_WORKLOAD["rollout.max_response_length"]
-    return CostModel(device.model, device.chip, chips=chips, mfu=1.0).decode_slots_that_fit(context)
+    return instance_cost_model(emulate, chips).decode_slots_that_fit(context)
 
 
 # 39 slots of 8,448 positions fit beside Qwen2.5-14B's 29.5 GB on a 95 GB v5p chip; 56 beside Qwen2.5-32B's

@@ -183,13 +183,19 @@ def transfer_s(nbytes: float, link: Link, parallel_links: int = 1) -> float:
     return link.latency_s + nbytes / (parallel_links * link.bytes_per_s)
 
 
+def instance_cost_model(emulate: str, chips: int) -> CostModel:
+    """One engine instance of `chips` chips of `emulate`'s CHIP:MODEL (its memory figures; no training)."""
+    device = parse_emulate(emulate)
+    return CostModel(device.model, device.chip, chips=chips, mfu=1.0)
+
+
 def decode_slots_problem(emulate: str, decode_slots: int, context: int, chips: int) -> str | None:
     """An emulated engine instance (`chips` chips of `emulate`'s CHIP:MODEL) holds `decode_slots` sequences of
     `context` positions: their KV cache must fit in its HBM beside the weights, as a real engine's memory check
     requires (config/memory.py)."""
     gb = 1e9  # as the chips' spec sheets print it (emulation/chips.py)
     device = parse_emulate(emulate)
-    model = CostModel(device.model, device.chip, chips=chips, mfu=1.0)
+    model = instance_cost_model(emulate, chips)
     fit = model.decode_slots_that_fit(context)
     if decode_slots <= fit:
         return None
