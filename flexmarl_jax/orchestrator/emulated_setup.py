@@ -168,6 +168,12 @@ class EmulatedInstance(TimedInstance):
     def wait_for_weights(self) -> None:
         self.engine.device.wait_until(self._weights_ready_at)
 
+    def _busy_from(self, now: float) -> float:
+        # A step taken while a load is still on the device runs after it: its decode span starts where the
+        # "load" interval ends, so the two never overlap on the instance's row (syncs land while the next
+        # rollout starts: the agents' syncs run at once, JointOrchestrator.sync_all).
+        return now + max(0.0, self._weights_ready_at - self.engine.device.clock())
+
 
 def pool_emulated_training(runtimes: Mapping[str, AgentRuntime], *, clock: Callable[[], float]):
     """The orchestrator's `TrainingPool` over the emulated trainers: shared slices when they lease some."""

@@ -199,16 +199,35 @@ class JointOrchestrator:
         return {agent: trainer.policy_version for agent, trainer in self.trainers.items()}
 
     def sync_all(self) -> None:
-        """Pushes every agent's current weights to its rollout instances (skips ones already there)."""
-        for agent, trainer in self.trainers.items():
-            if self._synced.get(agent) == trainer.policy_version:
-                continue
+        """Pushes every agent's current weights to its rollout instances (skips ones already there).
+
+        The agents' syncs run at once, a thread each: each goes from its own training mesh over its own links to
+        its own instances, so none need wait behind another's (an emulated run's sync times overlap as the
+        devices' would; syncs that share a device still queue on it). Several processes issue them one by one
+        in agent order instead, as every transfer that spans processes must be (distributed/ordered_issue.py).
+        An agent whose sync failed stays unsynced; the first error is raised once the others are done.
+        """
+        due = {agent: trainer.policy_version for agent, trainer in self.trainers.items()
+               if self._synced.get(agent) != trainer.policy_version}
+        landed: list[str] = []
+
+        def sync(agent: str) -> None:
             with self.timeline.busy(f"train/{agent}", "sync", agent=agent):
-                self.sync_weights(agent, trainer.rollout_weights, trainer.policy_version)
-            self._synced[agent] = trainer.policy_version
-            self.timeline.record_policy_version(agent, trainer.policy_version)
-            if self.checker is not None:
-                self.checker.weights_synced(agent, trainer.policy_version)
+                self.sync_weights(agent, self.trainers[agent].rollout_weights, due[agent])
+            landed.append(agent)
+
+        try:
+            if self._issuer is not None or len(due) <= 1:
+                for agent in due:
+                    sync(agent)
+            else:
+                run_threads({f"sync-{agent}": functools.partial(sync, agent) for agent in due})
+        finally:
+            for agent in (agent for agent in due if agent in landed):  # agent order, whatever the threads' order
+                self._synced[agent] = due[agent]
+                self.timeline.record_policy_version(agent, due[agent])
+                if self.checker is not None:
+                    self.checker.weights_synced(agent, due[agent])
 
     # ------------------------------------------------------------------------------------------ rollout
     def _advantages(self, rewards: np.ndarray) -> np.ndarray:

@@ -56,17 +56,25 @@ class TimedInstance(EngineInstance):
             return super().step()
         with self._span_lock:
             if self._span_start is None:
-                self._span_start = timeline.now()
+                self._span_start = self._busy_from(timeline.now())
         try:
             super().step()
         finally:
             if not self.has_work():
                 self.flush_span()
 
+    def _busy_from(self, now: float) -> float:
+        """When a span that opens at `now` starts being busy (an instance that knows its device queue says
+        when the work ahead of the step, a weight load, is done)."""
+        return now
+
     def flush_span(self) -> None:
         with self._span_lock:
-            if self._span_start is not None and self.timeline is not None:
-                self.timeline.add_interval(f"rollout/{self.name}", self._span_start, self.timeline.now(),
+            start = self._span_start
+            # (a span that opened behind a load and ended before it, a step that only took the new weights,
+            # has no decode time of its own)
+            if start is not None and self.timeline is not None and self.timeline.now() >= start:
+                self.timeline.add_interval(f"rollout/{self.name}", start, self.timeline.now(),
                                            kind="decode", agent=self.agent)
             self._span_start = None
 

@@ -7,6 +7,10 @@ Each sync sets the new params under ``weights/<agent>`` (wherever they are: the 
 memory for a suspended agent), gets them onto the rollout instances' shardings (packed transfer), keeps
 that rollout copy as the stored value (so the store never holds the trainer's arrays past the call, and a
 trainer swap-out can free its slice) and hands it to the rollout side, where placing it again is a no-op.
+
+Agents sync concurrently (`Orchestrator.sync_all` runs one thread per agent): a lock per agent keeps two syncs
+of one agent in order, and nothing holds one agent's sync behind another's. The transfers themselves are
+asynchronous dispatches (the StateStore's own lock covers only their issue), so they overlap on the devices.
 """
 
 from __future__ import annotations
@@ -31,8 +35,13 @@ class StoreWeightSync:
     def __init__(self, store: StateStore, push: Callable[[str, Any, int], None],
                  target_for: Callable[[str], Any]):
         self.store, self.push, self.target_for = store, push, target_for
-        self._lock = threading.Lock()
+        self._locks: dict[str, threading.Lock] = {}  # agent -> its syncs' lock (made under _locks_guard)
+        self._locks_guard = threading.Lock()
         self.synced: dict[str, int] = {}  # agent -> last version pushed
+
+    def _lock_of(self, agent: str) -> threading.Lock:
+        with self._locks_guard:
+            return self._locks.setdefault(agent, threading.Lock())
 
     def key(self, agent: str) -> str:
         return KEY_PREFIX + agent
@@ -40,7 +49,7 @@ class StoreWeightSync:
     def __call__(self, agent: str, params: Any, version: int) -> None:
         faults.raise_if_fired("weight_sync", agent)
         key = self.key(agent)
-        with self._lock:
+        with self._lock_of(agent):
             self.store.set(key, params)
             staged = self.store.get(key, self.target_for(agent))
             self.store.set(key, staged)  # drops (never deletes) the trainer's arrays
