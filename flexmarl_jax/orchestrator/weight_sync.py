@@ -8,9 +8,10 @@ memory for a suspended agent), gets them onto the rollout instances' shardings (
 that rollout copy as the stored value (so the store never holds the trainer's arrays past the call, and a
 trainer swap-out can free its slice) and hands it to the rollout side, where placing it again is a no-op.
 
-Agents sync concurrently (`Orchestrator.sync_all` runs one thread per agent): a lock per agent keeps two syncs
-of one agent in order, and nothing holds one agent's sync behind another's. The transfers themselves are
-asynchronous dispatches (the StateStore's own lock covers only their issue), so they overlap on the devices.
+Agents sync concurrently (`JointOrchestrator.sync_all` runs a thread per agent): a lock per agent keeps two
+syncs of one agent in order, and none holds one agent's sync behind another's. The StateStore's own lock is
+held while a transfer is issued, not while it runs (JAX transfers are asynchronous), so transfers to different
+agents' instances overlap on the devices.
 """
 
 from __future__ import annotations

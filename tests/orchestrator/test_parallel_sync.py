@@ -8,7 +8,7 @@ import pytest
 
 from .conftest import AGENTS
 
-SYNC_S = 0.4  # long beside the bookkeeping around a sync, so that overlap (or its absence) is plain
+SYNC_S = 1.0  # long beside the bookkeeping and thread starts around a sync, so that overlap (or not) is plain
 
 
 class SlowSync:
