@@ -160,8 +160,9 @@ class EmulatedInstance(TimedInstance):
         if self.weight_load_s > 0:
             self._weights_ready_at = device.enqueue(self.weight_load_s)
             if self.timeline is not None:  # from when the work queued ahead of it is done until it lands
-                end = self.timeline.now() + max(0.0, self._weights_ready_at - device.clock())
-                start = max(self.timeline.now(), end - device.timescale.wall_s(self.weight_load_s))
+                now = self.timeline.now()
+                end = self._busy_from(now)
+                start = max(now, end - device.timescale.wall_s(self.weight_load_s))
                 self.timeline.add_interval(f"rollout/{self.name}", start, end, kind="load", agent=self.agent)
         super().update_params(params, version)
 

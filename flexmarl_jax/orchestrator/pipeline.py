@@ -223,7 +223,7 @@ class JointOrchestrator:
             else:
                 run_threads({f"sync-{agent}": functools.partial(sync, agent) for agent in due})
         finally:
-            for agent in (agent for agent in due if agent in landed):  # agent order, whatever the threads' order
+            for agent in [agent for agent in due if agent in landed]:  # agent order, whatever the threads' order
                 self._synced[agent] = due[agent]
                 self.timeline.record_policy_version(agent, due[agent])
                 if self.checker is not None:

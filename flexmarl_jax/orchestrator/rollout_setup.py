@@ -73,9 +73,9 @@ class TimedInstance(EngineInstance):
             start = self._span_start
             # (a span that opened behind a load and ended before it, a step that only took the new weights,
             # has no decode time of its own)
-            if start is not None and self.timeline is not None and self.timeline.now() >= start:
-                self.timeline.add_interval(f"rollout/{self.name}", start, self.timeline.now(),
-                                           kind="decode", agent=self.agent)
+            now = None if self.timeline is None else self.timeline.now()
+            if start is not None and now is not None and now >= start:
+                self.timeline.add_interval(f"rollout/{self.name}", start, now, kind="decode", agent=self.agent)
             self._span_start = None
 
     def update_params(self, params: Any, version: int) -> None:
