@@ -507,6 +507,8 @@ class JointOrchestrator:
                 "loss": metrics.get("loss"),
                 "value_loss": metrics.get("value_loss"),  # ppo: the critic's
                 "grad_norm": metrics.get("grad_norm"),
+                # rows whose advantage was 0 throughout, not computed: they add nothing (train/rows_without_signal.py)
+                "skipped_rows": metrics.get("skipped_rows"),
             }
         return {
             "iteration": iteration,

@@ -46,6 +46,12 @@ from flexmarl_jax.models.lora import AgentAdapter, init_adapters
 from flexmarl_jax.train.batch import ARRAY_FIELDS, MicroBatch, validate_micro_batch
 from flexmarl_jax.train.optim import OptimizerConfig
 from flexmarl_jax.train.packing import pack_micro_batch, packed_bin_counts
+from flexmarl_jax.train.rows_without_signal import (
+    metrics_of_rows,
+    rows_with_signal,
+    skips_rows_without_signal,
+    without_rows,
+)
 from flexmarl_jax.train.steps import steps_for
 from flexmarl_jax.train.trainer_config import TrainerConfig
 from flexmarl_jax.transfer import across_processes
@@ -63,6 +69,11 @@ def _with_token_means(metrics: dict[str, float]) -> dict[str, float]:
         metrics["is_weight_mean"] = metrics["is_weight_sum"] / tokens
         metrics["is_clip_fraction"] = metrics["is_clipped_tokens"] / tokens
     return metrics
+
+
+def _no_skipped_rows() -> dict[str, float]:
+    """The metrics of rows left out of the steps since the last `apply` (`AgentTrainer._count_skipped`)."""
+    return {"num_tokens": 0.0, "ratio": 0.0, "skipped_rows": 0}
 
 
 def _cast_params(params, dtype):
@@ -92,6 +103,10 @@ class AgentTrainer:
         self.mesh = mesh if mesh is not None else make_mesh(jax.devices()[:1], fsdp=1)
         self.policy_version = 0
         self._pending_micro_batches = 0
+        # Rows with advantage 0 add exactly nothing to the gradient (train/rows_without_signal.py): when that is
+        # exact, passes of them are not computed and their known metrics are added at `apply`.
+        self._skips_rows = skips_rows_without_signal(config)
+        self._skipped = _no_skipped_rows()
 
         dtype = jnp.dtype(config.dtype)
         if initial is None:
@@ -176,9 +191,10 @@ class AgentTrainer:
         return packed_bin_counts(self.config.micro_batch_size, self.config.pass_rows,
                                  dict(self.mesh.shape).get("fsdp", 1) if split else 1)
 
-    def _place_passes(self, batch: MicroBatch) -> list[MicroBatch]:
+    def _place_passes(self, batch: MicroBatch, starts: list[int] | None = None) -> list[MicroBatch]:
         """The micro-batch checked, then placed on the mesh whole when it has at most `pass_rows` rows, else cut
-        into passes of `pass_rows` rows. A packed batch's rows are its bins, fewer than the unpacked rows."""
+        into passes of `pass_rows` rows (those beginning at `starts`, default all). A packed batch's rows are
+        its bins, fewer than the unpacked rows."""
         packed = batch.segment_ids is not None
         validate_micro_batch(batch, agent=self.agent, batch_size=self.config.micro_batch_size,
                              max_len=self.config.max_len, bin_counts=self._bin_counts() if packed else ())
@@ -186,12 +202,13 @@ class AgentTrainer:
         # the static metadata to share compiled steps between agents with equal configs.
         batch = batch.replace(agent="")
         rows, total = self.config.pass_rows, batch.shape[0]
+        starts = range(0, total, rows) if starts is None else starts
         if total <= rows:
-            return [across_processes.put(batch, self._steps.batch)]
+            return [across_processes.put(batch, self._steps.batch) for _ in starts]
         fields = ARRAY_FIELDS + (("segment_ids",) if packed else ())
         return [across_processes.put(batch.replace(**{name: getattr(batch, name)[start:start + rows]
                                                       for name in fields}), self._steps.batch)
-                for start in range(0, total, rows)]
+                for start in starts]
 
     def activate(self) -> None:
         """Holds training devices before a micro-batch. A dedicated trainer keeps its mesh for the whole run,
@@ -208,13 +225,40 @@ class AgentTrainer:
         `pack_rows`, an unpacked batch is packed first (train/packing.py).
         """
         self._check_attached()
-        if self.config.pack_rows and batch.segment_ids is None:
-            validate_micro_batch(batch, agent=self.agent, batch_size=self.config.micro_batch_size,
-                                 max_len=self.config.max_len)
+        packs = self.config.pack_rows and batch.segment_ids is None
+        validate_micro_batch(batch, agent=self.agent, batch_size=self.config.micro_batch_size,
+                             max_len=self.config.max_len,
+                             bin_counts=() if batch.segment_ids is None else self._bin_counts())
+        signal = rows_with_signal(batch) if self._skips_rows else None
+        if packs and signal is not None:  # the rows without signal are left out of the bins
+            self._count_skipped(batch, ~signal)
+            if not signal.any():
+                self._pending_micro_batches += 1
+                return
+            batch, signal = without_rows(batch, ~signal), None
+        if packs:
             batch = pack_micro_batch(batch, self._bin_counts())
-        for placed in self._place_passes(batch):
+        rows, total = self.config.pass_rows, batch.shape[0]
+        starts = list(range(0, total, rows))
+        if signal is not None:  # a pass with no row of signal is not computed
+            skipped = np.zeros(total, bool)
+            for start in starts:
+                skipped[start:start + rows] = not signal[start:start + rows].any()
+            starts = [start for start in starts if not skipped[start]]
+        passes = self._place_passes(batch, starts)
+        if signal is not None:
+            self._count_skipped(batch, skipped)
+        for placed in passes:
             self._accum = self._steps.accumulate_step(self._trainable, self._frozen, self._accum, placed)
         self._pending_micro_batches += 1
+
+    def _count_skipped(self, batch: MicroBatch, rows: np.ndarray) -> None:
+        """`rows` of `batch` (without signal) are not computed: their metrics (`metrics_of_rows`) are added at
+        `apply`, and `skipped_rows` counts those that hold a sequence."""
+        for name, value in metrics_of_rows(batch, rows).items():
+            self._skipped[name] += value
+        real = np.asarray(batch.attention_mask).sum(axis=1) > 0
+        self._skipped["skipped_rows"] += int(np.count_nonzero(rows & real))
 
     def apply(self, *, allow_empty: bool = False) -> dict[str, float]:
         """One optimizer step with the accumulated gradient; policy_version += 1; clears the accumulator.
@@ -235,7 +279,11 @@ class AgentTrainer:
             self._trainable, self._master, self._opt_state, self._accum)
         self.policy_version += 1
         self._pending_micro_batches = 0
-        return _with_token_means({name: float(value) for name, value in jax.device_get(metrics).items()})
+        metrics = {name: float(value) for name, value in jax.device_get(metrics).items()}
+        skipped, self._skipped = self._skipped, _no_skipped_rows()
+        for name, value in skipped.items():
+            metrics[name] = metrics.get(name, 0.0) + value
+        return _with_token_means(metrics)
 
     def reset_reference(self) -> None:
         """The KL's frozen reference becomes the current policy (a no-op when no reference is kept). Why: the
@@ -266,6 +314,7 @@ class AgentTrainer:
         """Drops the accumulated gradient without an update (e.g. an iteration aborted by a crash)."""
         self._accum = self._steps.zeros_step(self._trainable)
         self._pending_micro_batches = 0
+        self._skipped = _no_skipped_rows()
 
     def accumulated_gradients(self):
         """The fp32 gradient sum so far (same structure as the trainable tree: {"policy": ..., ...})."""
