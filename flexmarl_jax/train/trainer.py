@@ -222,32 +222,28 @@ class AgentTrainer:
         """Adds this micro-batch's gradient to the accumulator; parameters do not change.
 
         Raises ValueError (before touching any state) for a batch of the wrong shape, dtype or agent. With
-        `pack_rows`, an unpacked batch is packed first (train/packing.py).
+        `pack_rows`, an unpacked batch is packed first (train/packing.py). Rows whose gradient is exactly 0 are
+        not computed where that is exact (train/rows_without_signal.py): with packing they stay out of the
+        bins, without it a pass none of whose rows has signal is left out.
         """
         self._check_attached()
-        packs = self.config.pack_rows and batch.segment_ids is None
         validate_micro_batch(batch, agent=self.agent, batch_size=self.config.micro_batch_size,
                              max_len=self.config.max_len,
                              bin_counts=() if batch.segment_ids is None else self._bin_counts())
-        signal = rows_with_signal(batch) if self._skips_rows else None
-        if packs and signal is not None:  # the rows without signal are left out of the bins
-            self._count_skipped(batch, ~signal)
-            if not signal.any():
-                self._pending_micro_batches += 1
-                return
-            batch, signal = without_rows(batch, ~signal), None
-        if packs:
-            batch = pack_micro_batch(batch, self._bin_counts())
-        rows, total = self.config.pass_rows, batch.shape[0]
-        starts = list(range(0, total, rows))
-        if signal is not None:  # a pass with no row of signal is not computed
-            skipped = np.zeros(total, bool)
+        # [rows] True where the row's gradient is exactly 0 and it need not be computed (rows_without_signal.py)
+        without_signal = ~rows_with_signal(batch) if self._skips_rows else np.zeros(batch.shape[0], bool)
+        if self.config.pack_rows and batch.segment_ids is None:
+            skipped = without_signal  # left out of the bins
+            passes = [] if skipped.all() else self._place_passes(
+                pack_micro_batch(without_rows(batch, skipped) if skipped.any() else batch, self._bin_counts()))
+        else:  # a pass none of whose rows has signal is left out
+            rows = self.config.pass_rows
+            starts = [start for start in range(0, batch.shape[0], rows) if not without_signal[start:start + rows].all()]
+            skipped = np.ones(batch.shape[0], bool)
             for start in starts:
-                skipped[start:start + rows] = not signal[start:start + rows].any()
-            starts = [start for start in starts if not skipped[start]]
-        passes = self._place_passes(batch, starts)
-        if signal is not None:
-            self._count_skipped(batch, skipped)
+                skipped[start:start + rows] = False
+            passes = self._place_passes(batch, starts)
+        self._count_skipped(batch, skipped)
         for placed in passes:
             self._accum = self._steps.accumulate_step(self._trainable, self._frozen, self._accum, placed)
         self._pending_micro_batches += 1
