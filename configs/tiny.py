@@ -133,6 +133,9 @@ def base_config() -> ml_collections.ConfigDict:
     config.train.rows_per_pass = 0  # rows of one forward+backward pass (divides micro_batch_size); 0 = all
     config.train.pack_rows = False  # pack each micro-batch's sequences into as few rows as hold them (same loss)
     config.train.kl_coef = 0.0  # weight of the KL to each agent's frozen initial policy; > 0 keeps that copy in memory
+    # Rows of advantage 0 (a group whose samples all got one reward) add exactly nothing where the loss reads
+    # nothing else of them: the step leaves them out (train/rows_without_signal.py).
+    config.train.skip_rows_without_signal = True
 
     config.mesh = ml_collections.ConfigDict()
     config.mesh.fake_cpu_devices = 8  # on a CPU host, fake this many XLA devices (ignored on TPU/GPU)

@@ -52,8 +52,12 @@ def tiny_config(mode: str, *, seed: int, workdir: str, emulate: str = "", mfu: f
     from flexmarl_jax.configs import tiny
 
     config = tiny.get_config()
+    # Every row trained: the emulated trainer charges every row, as the paper's system computes them, whatever
+    # the rewards; the real trainer would leave out the rows of groups whose samples all got one reward
+    # (train/rows_without_signal.py), as many as the real model's answers make.
     overrides: dict[str, object] = {"seed": seed, "workdir": workdir, "iterations": UNTIMED + ITERATIONS,
-                                    "pipeline.mode": mode, "workflow.warmup_steps": 0, "store.backend": "memory"}
+                                    "pipeline.mode": mode, "workflow.warmup_steps": 0, "store.backend": "memory",
+                                    "train.skip_rows_without_signal": False}
     if emulate:
         overrides.update({"pipeline.emulate": emulate, "pipeline.emulate_compression": 1.0,
                           "pipeline.emulate_tokens_per_call": 1, "pipeline.emulate_mfu": mfu,

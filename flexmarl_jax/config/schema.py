@@ -217,6 +217,9 @@ class TrainConfig(Section):
     kl_coef: float = setting(0.0, rule=at_least_zero,
                              help="weight of the k3 KL to a frozen copy of each agent's initial policy in the loss; "
                              "0 = none, > 0 keeps that copy in every trainer's memory")
+    skip_rows_without_signal: bool = setting(True, help="leave out of the training step the rows whose advantage is "
+                                             "0 throughout, where their gradient is exactly 0 (GRPO without KL or "
+                                             "truncated IS; train/rows_without_signal.py): same update, less compute")
 
 
 @_frozen

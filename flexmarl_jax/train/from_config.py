@@ -1,7 +1,7 @@
 """TrainerConfig for one agent from the run's typed config (`flexmarl_jax.config.RunConfig`).
 
-Reads only: train.{algorithm, learning_rate, micro_batch_size, rows_per_pass, pack_rows, max_staleness, tis_cap, remat,
-kl_coef},
+Reads only: train.{algorithm, learning_rate, micro_batch_size, rows_per_pass, pack_rows, skip_rows_without_signal,
+max_staleness, tis_cap, remat, kl_coef},
 rollout.{max_prompt_length, max_response_length} and agents.<name>.{learning_rate, dtype, fp32_master_weights,
 temperature, top_k, top_p, lora}. `TrainerConfig`, its `OptimizerConfig` and `LossConfig` have no defaults of their own:
 what a run does not choose is set here (`OPTIMIZER_SETTINGS`, the in-step flags) and in the algorithm's loss
@@ -58,6 +58,7 @@ def trainer_config_for(config: RunConfig, agent: str, **loss_overrides) -> Train
         remat=config.train.remat,
         rows_per_pass=config.train.rows_per_pass,
         pack_rows=config.train.pack_rows,
+        skip_rows_without_signal=config.train.skip_rows_without_signal,
         sampling_temperature=settings.temperature,
         sampling_top_k=settings.top_k,
         sampling_top_p=settings.top_p,

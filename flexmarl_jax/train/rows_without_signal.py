@@ -9,7 +9,9 @@ training step's time.
 It is exact only while nothing else in the loss reads the row: no KL term (`kl_coef` 0), no truncated IS (its
 token statistics would miss the row), no critic (PPO's value loss), and the PPO ratio's denominator taken in
 the step (`old_logprobs_in_step`: then the ratio is exactly 1, so the one metric a row without signal adds,
-the weighted ratio sum, is known without computing it). `skips_rows_without_signal` says when;
+the weighted ratio sum, is known without computing it). `skips_rows_without_signal` says when (and whether
+`train.skip_rows_without_signal` is on: the emulation's calibration turns it off, as the paper's system
+computes every row);
 tests/train/test_rows_without_signal.py checks that gradients and metrics are the ones of computing every row.
 """
 
@@ -24,7 +26,8 @@ from flexmarl_jax.train.trainer_config import TrainerConfig
 def skips_rows_without_signal(config: TrainerConfig) -> bool:
     """Whether a row with advantage 0 on all its trained tokens contributes exactly nothing (see above)."""
     loss = config.loss
-    return (loss.name == "grpo" and loss.kl_coef == 0 and loss.tis_cap is None and config.old_logprobs_in_step)
+    return (config.skip_rows_without_signal and loss.name == "grpo" and loss.kl_coef == 0 and loss.tis_cap is None
+            and config.old_logprobs_in_step)
 
 
 def rows_with_signal(batch: MicroBatch) -> np.ndarray:

@@ -53,6 +53,9 @@ class TrainerConfig:
     # Pack each micro-batch's sequences end to end into as few rows as hold them (train/packing.py): the step
     # computes the bins, not the padding of a long-tailed batch; loss and gradients are unchanged.
     pack_rows: bool
+    # Leave out of the step the rows whose gradient is exactly 0 (advantage 0 throughout), where that is exact
+    # (train/rows_without_signal.py says when): the update and the metrics are the same.
+    skip_rows_without_signal: bool
     # rank 0: train the whole model; else a LoRA adapter (float32) on the frozen base parameters, which are
     # `dtype` (train/steps.py)
     lora: LoraSpec

@@ -1,7 +1,9 @@
 """Rows without signal (train/rows_without_signal.py): a GRPO row whose advantage is 0 adds exactly nothing, so
 passes of such rows are not computed. The gradient and the applied update are the ones of computing every row,
 and so are the metrics the trainer reports; where the loss reads a row beyond its advantage (the KL term), nothing
-is skipped."""
+is skipped, and `train.skip_rows_without_signal=false` turns it off."""
+
+import dataclasses
 
 import jax
 import numpy as np
@@ -32,8 +34,10 @@ def _trainers(tiny_model_config, initial, *, pack: bool, lora: bool = False, los
     """(a trainer that skips rows without signal, one that computes every row), alike in all else."""
     config = trainer_config(micro_batch_size=MICRO, max_len=MAX_LEN, loss=loss, optimizer=ADAM, rows_per_pass=2,
                             pack_rows=pack, lora=lora_spec(rank=4, alpha=8.0) if lora else lora_spec(rank=0))
-    skipping, computing = (AgentTrainer("solver", tiny_model_config, config, initial=initial) for _ in range(2))
-    computing._skips_rows = False  # the reference: every pass computed, as before rows were skipped
+    # the reference computes every pass, as before rows were skipped
+    skipping, computing = (AgentTrainer("solver", tiny_model_config,
+                                        dataclasses.replace(config, skip_rows_without_signal=skip), initial=initial)
+                           for skip in (True, False))
     return skipping, computing
 
 
@@ -110,6 +114,9 @@ def test_nothing_is_skipped_where_the_loss_reads_more_than_the_advantage(tiny_mo
         assert not skips_rows_without_signal(config), loss
     config = trainer_config(micro_batch_size=MICRO, max_len=MAX_LEN, loss=GRPO, optimizer=ADAM, rows_per_pass=2)
     assert skips_rows_without_signal(config)
+    # train.skip_rows_without_signal=false (the emulation's calibration runs so)
+    assert not skips_rows_without_signal(trainer_config(micro_batch_size=MICRO, max_len=MAX_LEN, loss=GRPO,
+                                                        optimizer=ADAM, skip_rows_without_signal=False))
     batch = _iteration([True, False, False, False])[1]
     assert not rows_with_signal(batch).any()
     trainer = AgentTrainer("solver", tiny_model_config,
