@@ -11,7 +11,10 @@ No schedule of the iteration can beat either of:
   cost at least that (Jensen);
 * the training: the micro-batches the trainers computed (their charged device seconds), over as many meshes
   as the mode trains on, no agent faster than its own share on one mesh, then one optimizer update and one
-  weight sync.
+  weight sync. None of it can start before some query's group is complete: a row's reward is written when its
+  trajectory ends (the team's answer), and a micro-batch takes whole GRPO groups, whose advantages need every
+  sample's reward (orchestrator/sink.py). So the training starts no earlier than the first query whose
+  trajectories' chains (costed as above) have all ended.
 
 `lower_bound_s` is the larger, per iteration. It takes the workload as realised (each call's prompt and
 response lengths, recorded by `CallRecorder`), so it bounds that iteration, not an expectation.
@@ -65,10 +68,10 @@ def decode_call_s(cost_model: Any, prompt: int, response: int) -> float:
     return cost_model.prefill_s(1, prompt) + steps
 
 
-def critical_path(calls: Sequence[tuple[str, str, int, list[tuple[int, int]]]], workflow: Any,
-                  rollout: Any) -> tuple[float, str | None, int]:
-    """(seconds of the longest dependent chain of calls, the agent of its last call, that call's row length).
-    A trajectory is (input id, sample index): a query's calls list their samples in trajectory order."""
+def trajectory_chains(calls: Sequence[tuple[str, str, int, list[tuple[int, int]]]], workflow: Any,
+                      rollout: Any) -> dict[tuple[str, int], tuple[float, str, int]]:
+    """(input id, sample index) -> (seconds of that trajectory's longest chain of calls, the agent of the call that
+    ends it, that call's row length). A query's calls list their samples in trajectory order."""
     node_of = {(workflow.nodes[name].agent, workflow.turn[name]): name for name in workflow.nodes}
     by_trajectory: dict[tuple[str, int], dict[str, tuple[int, int]]] = defaultdict(dict)
     for agent, input_id, turn, lengths in calls:
@@ -77,18 +80,37 @@ def critical_path(calls: Sequence[tuple[str, str, int, list[tuple[int, int]]]], 
             raise ValueError(f"call of {agent!r} at turn {turn} matches no node of workflow {workflow.name!r}")
         for sample, pair in enumerate(lengths):
             by_trajectory[(input_id, sample)][node] = pair
-    best, last_agent, last_length = 0.0, None, 0
-    for nodes in by_trajectory.values():
+    chains = {}
+    for trajectory, nodes in by_trajectory.items():
         finish: dict[str, float] = {}
+        longest = (0.0, "", 0)
         for node in workflow.order:
             if node not in nodes:
                 continue  # not called in this trajectory (a condition was false)
             prompt, response = nodes[node]
             start = max((finish[up] for up in workflow.upstream[node] if up in finish), default=0.0)
             finish[node] = start + decode_call_s(rollout, prompt, response)
-            if finish[node] > best:
-                best, last_agent, last_length = finish[node], workflow.nodes[node].agent, prompt + response
-    return best, last_agent, last_length
+            if finish[node] > longest[0]:
+                longest = (finish[node], workflow.nodes[node].agent, prompt + response)
+        chains[trajectory] = longest
+    return chains
+
+
+def critical_path(calls: Sequence[tuple[str, str, int, list[tuple[int, int]]]], workflow: Any,
+                  rollout: Any) -> tuple[float, str | None, int]:
+    """(seconds of the longest dependent chain of calls, the agent of its last call, that call's row length)."""
+    chains = trajectory_chains(calls, workflow, rollout)
+    seconds, agent, length = max(chains.values(), default=(0.0, None, 0))
+    return (seconds, agent, length) if seconds > 0 else (0.0, None, 0)
+
+
+def first_group_s(calls: Sequence[tuple[str, str, int, list[tuple[int, int]]]], workflow: Any,
+                  rollout: Any) -> float:
+    """The earliest a query's group can be complete: over queries, the least of its trajectories' longest chain."""
+    by_query: dict[str, float] = {}
+    for (input_id, _), (seconds, _, _) in trajectory_chains(calls, workflow, rollout).items():
+        by_query[input_id] = max(by_query.get(input_id, 0.0), seconds)
+    return min(by_query.values(), default=0.0)
 
 
 def iteration_lower_bound(calls: Sequence[tuple[str, str, int, list[tuple[int, int]]]], workflow: Any, *,
@@ -99,7 +121,8 @@ def iteration_lower_bound(calls: Sequence[tuple[str, str, int, list[tuple[int, i
     chain, last_agent, last_length = critical_path(calls, workflow, rollout)
     tail = (train.train_micro_batch_s(1, last_length) + train.optimizer_apply_s() + sync_s) if last_agent else 0.0
     per_agent = [sum(seconds) for seconds in micro_batch_s.values()]
-    training = (max(max(per_agent, default=0.0), sum(per_agent) / meshes) + train.optimizer_apply_s() + sync_s
-                if any(per_agent) else 0.0)
-    return {"critical_path_s": chain, "tail_s": tail, "training_s": training,
+    first_group = first_group_s(calls, workflow, rollout)
+    training = (first_group + max(max(per_agent, default=0.0), sum(per_agent) / meshes) + train.optimizer_apply_s()
+                + sync_s if any(per_agent) else 0.0)
+    return {"critical_path_s": chain, "tail_s": tail, "first_group_s": first_group, "training_s": training,
             "lower_bound_s": max(chain + tail, training)}

@@ -9,10 +9,10 @@ training step's time.
 It is exact only while nothing else in the loss reads the row: no KL term (`kl_coef` 0), no truncated IS (its
 token statistics would miss the row), no critic (PPO's value loss), and the PPO ratio's denominator taken in
 the step (`old_logprobs_in_step`: then the ratio is exactly 1, so the one metric a row without signal adds,
-the weighted ratio sum, is known without computing it). `skips_rows_without_signal` says when (and whether
-`train.skip_rows_without_signal` is on: the emulation's calibration turns it off, as the paper's system
-computes every row);
-tests/train/test_rows_without_signal.py checks that gradients and metrics are the ones of computing every row.
+the weighted ratio sum, is known without computing it). `skips_rows_without_signal` says when, and whether
+`train.skip_rows_without_signal` is on (the emulation's calibration turns it off: the paper's system computes
+every row). tests/train/test_rows_without_signal.py checks that gradients and metrics are the ones of computing
+every row.
 """
 
 from __future__ import annotations

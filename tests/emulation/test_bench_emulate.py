@@ -209,7 +209,8 @@ def test_the_calibration_takes_each_probe_figure_as_the_median_of_its_rounds():
 
 
 def test_the_lower_bound_is_the_longest_chain_of_calls_costed_alone_then_what_cannot_overlap_it():
-    from flexmarl_benchmarks._lower_bound import critical_path, decode_call_s, iteration_lower_bound
+    """And the training, which starts no earlier than the first query's whole group is done."""
+    from flexmarl_benchmarks._lower_bound import critical_path, decode_call_s, first_group_s, iteration_lower_bound
     from flexmarl_jax.emulation.chips import get_chip
     from flexmarl_jax.models.presets import get_preset
     from flexmarl_jax.workflows.graph import Edge, Node, Workflow, first_answer_of
@@ -231,10 +232,17 @@ def test_the_lower_bound_is_the_longest_chain_of_calls_costed_alone_then_what_ca
     first = decode_call_s(model, 10, 50) + decode_call_s(model, 60, 100) + decode_call_s(model, 200, 5)
     second = decode_call_s(model, 10, 20) + decode_call_s(model, 30, 400) + decode_call_s(model, 500, 30)
     assert seconds == pytest.approx(max(first, second)) and second > first and (agent, length) == ("review", 530)
-    bound = iteration_lower_bound(calls, workflow, rollout=model, train=model, sync_s=0.5,
+    # A second query, one short trajectory: its group is complete first, and no training starts before.
+    short = [("plan", "r", turn["plan"], [(10, 5)]), ("a", "r", turn["a"], [(20, 5)]),
+             ("b", "r", turn["b"], [(20, 8)]), ("review", "r", turn["review"], [(40, 5)])]
+    first_group = decode_call_s(model, 10, 5) + decode_call_s(model, 20, 8) + decode_call_s(model, 40, 5)
+    assert first_group_s(calls + short, workflow, model) == pytest.approx(first_group) and first_group < first
+    bound = iteration_lower_bound(calls + short, workflow, rollout=model, train=model, sync_s=0.5,
                                   micro_batch_s={"plan": [1.0], "a": [2.0, 2.0], "b": [3.0], "review": [1.0]},
                                   meshes=2)
     assert bound["tail_s"] == pytest.approx(model.train_micro_batch_s(1, 530) + model.optimizer_apply_s() + 0.5)
-    # training: 9 s of micro-batches over 2 meshes (4.5 s), no agent under its own 4 s, then an update and a sync
-    assert bound["training_s"] == pytest.approx(4.5 + model.optimizer_apply_s() + 0.5)
+    # training: after the first group, 9 s of micro-batches over 2 meshes (4.5 s), no agent under its own 4 s,
+    # then an update and a sync
+    assert bound["first_group_s"] == pytest.approx(first_group)
+    assert bound["training_s"] == pytest.approx(first_group + 4.5 + model.optimizer_apply_s() + 0.5)
     assert bound["lower_bound_s"] == max(bound["critical_path_s"] + bound["tail_s"], bound["training_s"])
