@@ -13,8 +13,8 @@ No schedule of the iteration can beat either of:
   as the mode trains on, no agent faster than its own share on one mesh, then one optimizer update and one
   weight sync. None of it can start before some query's group is complete: a row's reward is written when its
   trajectory ends (the team's answer), and a micro-batch takes whole GRPO groups, whose advantages need every
-  sample's reward (orchestrator/sink.py). So the training starts no earlier than the first query whose
-  trajectories' chains (costed as above) have all ended.
+  sample's reward (orchestrator/sink.py). So, on policy, the training starts no earlier than the first query
+  whose trajectories' chains (costed as above) have all ended.
 
 `lower_bound_s` is the larger, per iteration. It takes the workload as realised (each call's prompt and
 response lengths, recorded by `CallRecorder`), so it bounds that iteration, not an expectation.
@@ -115,13 +115,16 @@ def first_group_s(calls: Sequence[tuple[str, str, int, list[tuple[int, int]]]], 
 
 def iteration_lower_bound(calls: Sequence[tuple[str, str, int, list[tuple[int, int]]]], workflow: Any, *,
                           rollout: Any, train: Any, sync_s: float,
-                          micro_batch_s: Mapping[str, Sequence[float]], meshes: int) -> dict[str, float]:
+                          micro_batch_s: Mapping[str, Sequence[float]], meshes: int,
+                          on_policy: bool = True) -> dict[str, float]:
     """The bound's parts for one iteration (device seconds): `micro_batch_s` agent -> its micro-batches'
-    charged seconds; `meshes` the training meshes the mode trains on (shared slices, or one per agent)."""
+    charged seconds; `meshes` the training meshes the mode trains on (shared slices, or one per agent). Off
+    policy (staleness > 0) an iteration may train the previous rollout's rows, so its training need not wait
+    for this rollout's first group."""
     chain, last_agent, last_length = critical_path(calls, workflow, rollout)
     tail = (train.train_micro_batch_s(1, last_length) + train.optimizer_apply_s() + sync_s) if last_agent else 0.0
     per_agent = [sum(seconds) for seconds in micro_batch_s.values()]
-    first_group = first_group_s(calls, workflow, rollout)
+    first_group = first_group_s(calls, workflow, rollout) if on_policy else 0.0
     training = (first_group + max(max(per_agent, default=0.0), sum(per_agent) / meshes) + train.optimizer_apply_s()
                 + sync_s if any(per_agent) else 0.0)
     return {"critical_path_s": chain, "tail_s": tail, "first_group_s": first_group, "training_s": training,

@@ -85,7 +85,8 @@ def run_mode(preset: Preset, mode: str, overrides: Mapping[str, object], *, seed
                              for agent, trainer in trainers.items()}
             bound = iteration_lower_bound(recorder.take(), orchestrator.workflow, rollout=emulation.rollout,
                                           train=emulation.train, sync_s=emulation.weight_sync_s(),
-                                          micro_batch_s=micro_batch_s, meshes=meshes)
+                                          micro_batch_s=micro_batch_s, meshes=meshes,
+                                          on_policy=config.train.max_staleness == 0)
             timed.append({"wall_s": wall, "generated_tokens": record["generated_tokens"],
                           "rollout_wall_s": record["rollout_wall_s"], "sync_s": record["sync_s"],
                           "train_utilization": record["train_pool"]["utilization"], "bound": bound})

@@ -245,4 +245,7 @@ def test_the_lower_bound_is_the_longest_chain_of_calls_costed_alone_then_what_ca
     # then an update and a sync
     assert bound["first_group_s"] == pytest.approx(first_group)
     assert bound["training_s"] == pytest.approx(first_group + 4.5 + model.optimizer_apply_s() + 0.5)
+    stale = iteration_lower_bound(calls + short, workflow, rollout=model, train=model, sync_s=0.5,
+                                  micro_batch_s={"a": [2.0]}, meshes=1, on_policy=False)
+    assert stale["first_group_s"] == 0.0 and stale["training_s"] == pytest.approx(2.0 + model.optimizer_apply_s() + 0.5)
     assert bound["lower_bound_s"] == max(bound["critical_path_s"] + bound["tail_s"], bound["training_s"])
