@@ -99,16 +99,23 @@ def trajectory_chains(calls: Sequence[tuple[str, str, int, list[tuple[int, int]]
 def critical_path(calls: Sequence[tuple[str, str, int, list[tuple[int, int]]]], workflow: Any,
                   rollout: Any) -> tuple[float, str | None, int]:
     """(seconds of the longest dependent chain of calls, the agent of its last call, that call's row length)."""
-    chains = trajectory_chains(calls, workflow, rollout)
-    seconds, agent, length = max(chains.values(), default=(0.0, None, 0))
-    return (seconds, agent, length) if seconds > 0 else (0.0, None, 0)
+    return _longest(trajectory_chains(calls, workflow, rollout))
 
 
 def first_group_s(calls: Sequence[tuple[str, str, int, list[tuple[int, int]]]], workflow: Any,
                   rollout: Any) -> float:
     """The earliest a query's group can be complete: over queries, the least of its trajectories' longest chain."""
+    return _first_group(trajectory_chains(calls, workflow, rollout))
+
+
+def _longest(chains: Mapping[tuple[str, int], tuple[float, str, int]]) -> tuple[float, str | None, int]:
+    seconds, agent, length = max(chains.values(), default=(0.0, None, 0))
+    return (seconds, agent, length) if seconds > 0 else (0.0, None, 0)
+
+
+def _first_group(chains: Mapping[tuple[str, int], tuple[float, str, int]]) -> float:
     by_query: dict[str, float] = {}
-    for (input_id, _), (seconds, _, _) in trajectory_chains(calls, workflow, rollout).items():
+    for (input_id, _), (seconds, _, _) in chains.items():
         by_query[input_id] = max(by_query.get(input_id, 0.0), seconds)
     return min(by_query.values(), default=0.0)
 
@@ -121,10 +128,11 @@ def iteration_lower_bound(calls: Sequence[tuple[str, str, int, list[tuple[int, i
     charged seconds; `meshes` the training meshes the mode trains on (shared slices, or one per agent). Off
     policy (staleness > 0) an iteration may train the previous rollout's rows, so its training need not wait
     for this rollout's first group."""
-    chain, last_agent, last_length = critical_path(calls, workflow, rollout)
+    chains = trajectory_chains(calls, workflow, rollout)  # once, for both parts
+    chain, last_agent, last_length = _longest(chains)
     tail = (train.train_micro_batch_s(1, last_length) + train.optimizer_apply_s() + sync_s) if last_agent else 0.0
     per_agent = [sum(seconds) for seconds in micro_batch_s.values()]
-    first_group = first_group_s(calls, workflow, rollout) if on_policy else 0.0
+    first_group = _first_group(chains) if on_policy else 0.0
     training = (first_group + max(max(per_agent, default=0.0), sum(per_agent) / meshes) + train.optimizer_apply_s()
                 + sync_s if any(per_agent) else 0.0)
     return {"critical_path_s": chain, "tail_s": tail, "first_group_s": first_group, "training_s": training,

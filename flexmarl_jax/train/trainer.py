@@ -103,9 +103,7 @@ class AgentTrainer:
         self.mesh = mesh if mesh is not None else make_mesh(jax.devices()[:1], fsdp=1)
         self.policy_version = 0
         self._pending_micro_batches = 0
-        # Rows with advantage 0 add exactly nothing to the gradient (train/rows_without_signal.py): when that is
-        # exact, passes of them are not computed and their known metrics are added at `apply`.
-        self._skips_rows = skips_rows_without_signal(config)
+        # Metrics of the rows `accumulate` left out since the last `apply` (train/rows_without_signal.py)
         self._skipped = _no_skipped_rows()
 
         dtype = jnp.dtype(config.dtype)
@@ -192,12 +190,10 @@ class AgentTrainer:
                                  dict(self.mesh.shape).get("fsdp", 1) if split else 1)
 
     def _place_passes(self, batch: MicroBatch, starts: list[int] | None = None) -> list[MicroBatch]:
-        """The micro-batch checked, then placed on the mesh whole when it has at most `pass_rows` rows, else cut
-        into passes of `pass_rows` rows (those beginning at `starts`, default all). A packed batch's rows are
-        its bins, fewer than the unpacked rows."""
+        """The micro-batch (checked by `accumulate`, or packed by it) placed on the mesh whole when it has at most
+        `pass_rows` rows, else cut into passes of `pass_rows` rows (those beginning at `starts`, default all). A
+        packed batch's rows are its bins, fewer than the unpacked rows."""
         packed = batch.segment_ids is not None
-        validate_micro_batch(batch, agent=self.agent, batch_size=self.config.micro_batch_size,
-                             max_len=self.config.max_len, bin_counts=self._bin_counts() if packed else ())
         # The step is traced once per trainer config; the agent name was checked above, so drop it from
         # the static metadata to share compiled steps between agents with equal configs.
         batch = batch.replace(agent="")
@@ -231,18 +227,18 @@ class AgentTrainer:
                              max_len=self.config.max_len,
                              bin_counts=() if batch.segment_ids is None else self._bin_counts())
         # [rows] True where the row's gradient is exactly 0 and it need not be computed (rows_without_signal.py)
-        without_signal = ~rows_with_signal(batch) if self._skips_rows else np.zeros(batch.shape[0], bool)
+        total = batch.shape[0]
+        without_signal = (~rows_with_signal(batch) if skips_rows_without_signal(self.config)
+                          else np.zeros(total, bool))
         if self.config.pack_rows and batch.segment_ids is None:
             skipped = without_signal  # left out of the bins
             passes = [] if skipped.all() else self._place_passes(
                 pack_micro_batch(without_rows(batch, skipped) if skipped.any() else batch, self._bin_counts()))
         else:  # a pass none of whose rows has signal is left out
             rows = self.config.pass_rows
-            starts = [start for start in range(0, batch.shape[0], rows) if not without_signal[start:start + rows].all()]
-            skipped = np.ones(batch.shape[0], bool)
-            for start in starts:
-                skipped[start:start + rows] = False
-            passes = self._place_passes(batch, starts)
+            empty = np.array([without_signal[start:start + rows].all() for start in range(0, total, rows)])
+            skipped = np.repeat(empty, rows)[:total]
+            passes = self._place_passes(batch, [index * rows for index in np.flatnonzero(~empty)])
         self._count_skipped(batch, skipped)
         for placed in passes:
             self._accum = self._steps.accumulate_step(self._trainable, self._frozen, self._accum, placed)
