@@ -57,6 +57,7 @@ from flexmarl_benchmarks._fault_trials import (
     TrialResult,
 )
 from flexmarl_benchmarks._output import write_json
+from flexmarl_jax.mesh.host_devices import without_fake_cpu_devices
 
 CONFIG_VARIANT = "faults"
 DETECT_MARGIN_S = 30.0  # the issue's bound: a stop is detected within run.stall_timeout_s + this
@@ -102,8 +103,8 @@ def bench_config(overrides: Mapping[str, str]):
 
 def child_environment(cache_dir: str) -> dict[str, str]:
     """The environment of the worker and the sigkill runs: one XLA cache; devices faked from the config."""
-    env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3")
-    env.pop("XLA_FLAGS", None)  # each child fakes the config's device count itself
+    # each child fakes the config's device count itself
+    env = dict(without_fake_cpu_devices(os.environ), TF_CPP_MIN_LOG_LEVEL="3")
     env.pop("FLEXMARL_FAULTS", None)
     if "JAX_COMPILATION_CACHE_DIR" not in env:
         env.update(JAX_COMPILATION_CACHE_DIR=cache_dir, JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS="0",

@@ -37,6 +37,7 @@ import numpy as np
 
 from flexmarl_benchmarks._output import write_json
 from flexmarl_benchmarks._views import engine_config, lora_spec, optimizer_config, trainer_config
+from flexmarl_jax.mesh.host_devices import without_fake_cpu_devices
 
 
 def _default_model() -> str:
@@ -207,8 +208,8 @@ def _peak_memory(args: argparse.Namespace, kind: str, agents: int) -> int:
     """Peak resident bytes of a process holding `kind` ("team" of `agents`, or "full": one agent), each in a
     process of its own (`_lora_memory`): a process's peak never goes down, so one process cannot measure both."""
     folder = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [folder, os.environ.get("PYTHONPATH")]))}
-    env.pop("XLA_FLAGS", None)  # the side process fakes its own two devices
+    env = {**without_fake_cpu_devices(os.environ),  # the side process fakes its own two devices
+           "PYTHONPATH": os.pathsep.join(filter(None, [folder, os.environ.get("PYTHONPATH")]))}
     spec = {"kind": kind, "model": args.model, "agents": agents, "rank": args.rank, "slots": args.slots,
             "new_tokens": args.new_tokens, "prompt_bucket": args.prompt_bucket}
     done = subprocess.run([sys.executable, "-m", "flexmarl_benchmarks._lora_memory", json.dumps(spec)], env=env,

@@ -44,6 +44,7 @@ import numpy as np
 from flexmarl_benchmarks._output import write_json
 from flexmarl_benchmarks._side_process import SideProcess
 from flexmarl_jax.emulation import roofline
+from flexmarl_jax.mesh.host_devices import without_fake_cpu_devices
 from flexmarl_jax.models.config import ModelConfig
 from flexmarl_jax.models.presets import get_preset
 
@@ -108,9 +109,7 @@ def _log(message: str) -> None:
 def _worker_env() -> dict[str, str]:
     """The workers see one real device: no fake CPU devices (tests set them), no up-front GPU preallocation
     (both sides share one accelerator; peak memory then means what was used)."""
-    env = dict(os.environ)
-    flags = [f for f in env.get("XLA_FLAGS", "").split() if "xla_force_host_platform_device_count" not in f]
-    env["XLA_FLAGS"] = " ".join(flags)
+    env = without_fake_cpu_devices(os.environ)
     env.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")
     env.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
     env.setdefault("TOKENIZERS_PARALLELISM", "false")

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+from collections.abc import Mapping
 
 _FLAG = "xla_force_host_platform_device_count"
 
@@ -13,3 +14,13 @@ def fake_cpu_devices(count: int) -> None:
     flags = os.environ.get("XLA_FLAGS", "")
     if _FLAG not in flags:
         os.environ["XLA_FLAGS"] = f"{flags} --{_FLAG}={count}".strip()
+
+
+def without_fake_cpu_devices(environment: Mapping[str, str]) -> dict[str, str]:
+    """A copy of `environment` for a child process that fakes its own device count: XLA_FLAGS without the count,
+    its other flags kept (a test run's compile settings, say)."""
+    child = dict(environment)
+    flags = " ".join(flag for flag in child.pop("XLA_FLAGS", "").split() if _FLAG not in flag)
+    if flags:
+        child["XLA_FLAGS"] = flags
+    return child

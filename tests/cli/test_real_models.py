@@ -14,6 +14,7 @@ import sys
 import pytest
 
 from flexmarl_jax.cli.main import main
+from flexmarl_jax.mesh.host_devices import without_fake_cpu_devices
 
 SMOKE_DATA = os.path.join(os.path.dirname(__file__), "..", "..", "configs", "data", "gsm8k_smoke.jsonl")
 SMALL_RUN = ("--config.iterations=2", "--config.workflow.queries_per_iteration=2",
@@ -198,7 +199,7 @@ def test_cpu_smoke_recipe_trains_and_its_agents_export_to_transformers(tmp_path)
 def test_cpu_smoke_recipe_on_one_colocated_device(tmp_path):
     """mesh.colocate: the whole team (rollout and training of three agents) on one CPU device. A child process,
     since this process already has 8 fake devices."""
-    env = {key: value for key, value in os.environ.items() if key != "XLA_FLAGS"}
+    env = without_fake_cpu_devices(os.environ)
     done = subprocess.run([sys.executable, "-m", "flexmarl_jax.cli.main", "train",
                            "--config=configs/gsm8k_chain.py:cpu_smoke", f"--workdir={tmp_path / 'run'}",
                            "--config.mesh.fake_cpu_devices=1", "--config.mesh.colocate=True"],

@@ -8,6 +8,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+from flexmarl_jax.mesh.host_devices import without_fake_cpu_devices
+
 REPO = Path(__file__).resolve().parents[2]
 
 
@@ -19,10 +21,9 @@ def free_port() -> int:
 
 def process_env(devices_per_process: int) -> dict[str, str]:
     """The environment of one process: its own fake CPU devices and our tree first on the path."""
-    env = dict(os.environ)
-    flags = " ".join(flag for flag in env.get("XLA_FLAGS", "").split()
-                     if "xla_force_host_platform_device_count" not in flag)
-    env["XLA_FLAGS"] = f"{flags} --xla_force_host_platform_device_count={devices_per_process}".strip()
+    env = without_fake_cpu_devices(os.environ)
+    count = f"--xla_force_host_platform_device_count={devices_per_process}"
+    env["XLA_FLAGS"] = f"{env.get('XLA_FLAGS', '')} {count}".strip()
     env["JAX_PLATFORMS"] = "cpu"
     env["PYTHONPATH"] = os.pathsep.join([str(REPO), env.get("PYTHONPATH", "")]).rstrip(os.pathsep)
     return env

@@ -9,6 +9,7 @@ import time
 
 import pytest
 
+from flexmarl_jax.mesh.host_devices import without_fake_cpu_devices
 from flexmarl_jax.orchestrator.run_audit import iteration_records
 
 ARGS = ["--config=configs/tiny.py:smoke", "--config.store.backend=file", "--config.iterations=3",
@@ -16,8 +17,8 @@ ARGS = ["--config=configs/tiny.py:smoke", "--config.store.backend=file", "--conf
 
 
 def _train(workdir, **kwargs):
-    env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3")
-    env.pop("XLA_FLAGS", None)  # the CLI fakes the config's CPU devices itself
+    # the CLI fakes the config's CPU devices itself
+    env = dict(without_fake_cpu_devices(os.environ), TF_CPP_MIN_LOG_LEVEL="3")
     return subprocess.Popen([sys.executable, "-m", "flexmarl_jax.cli.main", "train", f"--workdir={workdir}", *ARGS],
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env, **kwargs)
 

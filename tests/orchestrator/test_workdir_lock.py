@@ -10,6 +10,7 @@ import time
 
 import pytest
 
+from flexmarl_jax.mesh.host_devices import without_fake_cpu_devices
 from flexmarl_jax.orchestrator.workdir_lock import LOCK_FILE, WorkdirBusy, WorkdirLock
 
 HOLD = ("import sys, time; from flexmarl_jax.orchestrator.workdir_lock import WorkdirLock; "
@@ -44,8 +45,7 @@ def test_a_second_flexmarl_train_fails_in_one_line_before_writing_anything(tmp_p
     holder = _hold(tmp_path)
     try:
         before = sorted(os.listdir(tmp_path))
-        env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3")
-        env.pop("XLA_FLAGS", None)
+        env = dict(without_fake_cpu_devices(os.environ), TF_CPP_MIN_LOG_LEVEL="3")
         started = time.monotonic()
         second = subprocess.run([sys.executable, "-m", "flexmarl_jax.cli.main", "train",
                                  "--config=configs/tiny.py:smoke", f"--workdir={tmp_path}"],
