@@ -196,7 +196,10 @@ def test_remat_keeps_loss_and_gradients_and_lowers_peak_memory():
     (loss, grads), (remat_loss, remat_grads) = results[False], results[True]
     np.testing.assert_allclose(float(remat_loss), float(loss), rtol=1e-6)
     for plain, rematted in zip(jax.tree.leaves(grads), jax.tree.leaves(remat_grads), strict=True):
-        np.testing.assert_allclose(np.asarray(rematted), np.asarray(plain), rtol=1e-5, atol=1e-7)
+        # Summation order differs between the two programs; in float32 its error scales with the leaf's largest
+        # entries (~200 here), not with the entry compared: an entry of 0.55 came out 1.1e-5 apart.
+        scale = float(np.max(np.abs(plain)))
+        np.testing.assert_allclose(np.asarray(rematted), np.asarray(plain), rtol=1e-5, atol=1e-6 * scale)
     # 4 layers' activations vs one layer's plus the layer inputs: measured 149 MiB -> 44 MiB.
     assert temp_bytes[True] < 0.5 * temp_bytes[False], temp_bytes
 
