@@ -20,7 +20,7 @@ from flexmarl_jax import faults, host_allocator
 from flexmarl_jax.config import RunConfig, check_devices, parse_train_flags
 from flexmarl_jax.config.cli_flags import train_help
 from flexmarl_jax.config.errors import ConfigError
-from flexmarl_jax.config.schema import check_per_process
+from flexmarl_jax.config.process_rules import check_per_process
 from flexmarl_jax.distributed.runtime import JoinFailed, join_processes
 from flexmarl_jax.mesh.host_devices import fake_cpu_devices
 from flexmarl_jax.store.corruption import StoreCorrupted

@@ -132,3 +132,23 @@ def model_rule(model: str) -> str | None:
     if model in presets.PRESETS:
         return None
     return f"is neither a model preset nor a checkpoint directory; presets: {', '.join(sorted(presets.PRESETS))}"
+
+
+def coordinator_address_rule(address: str) -> str | None:
+    """"" (auto-detected on Cloud TPU), or HOST:PORT with a port number."""
+    if not address:
+        return None
+    host, _, port = address.rpartition(":")
+    if host and port.isdigit() and 0 < int(port) < 65536:
+        return None
+    return "must be HOST:PORT (e.g. 10.0.0.2:8476) or \"\" to auto-detect it on Cloud TPU"
+
+
+def workdir_rule(workdir: str) -> str | None:
+    """A local path, file://, or an object store Orbax and TensorStore write to (gs://, s3://)."""
+    if not workdir:
+        return "must not be empty"
+    scheme = workdir.split("://", 1)[0] if "://" in workdir else ""
+    if scheme and scheme not in ("gs", "s3"):
+        return f"has scheme {scheme}://; allowed: a path, file:///ABS/PATH, gs://bucket/path"
+    return None

@@ -29,8 +29,10 @@ from flexmarl_jax.config.fields import (
 )
 from flexmarl_jax.config.lora_groups import lora_base_groups
 from flexmarl_jax.config.modes import PIPELINE_MODES
+from flexmarl_jax.config.process_rules import check_per_process
 from flexmarl_jax.config.rules import (
     algorithm_names,
+    coordinator_address_rule,
     emulate_compression_rule,
     emulate_link_rule,
     emulate_mfu_rule,
@@ -41,6 +43,7 @@ from flexmarl_jax.config.rules import (
     store_backends,
     task_rule,
     warmup_kinds,
+    workdir_rule,
     workflow_names,
 )
 from flexmarl_jax.models.dtypes import PARAM_DTYPES, master_weights_problem
@@ -311,16 +314,6 @@ class RunControlConfig(Section):
                                     help="a stop asked for by a signal ends the process within this many seconds")
 
 
-def _coordinator_address_rule(address: str) -> str | None:
-    """"" (auto-detected on Cloud TPU), or HOST:PORT with a port number."""
-    if not address:
-        return None
-    host, _, port = address.rpartition(":")
-    if host and port.isdigit() and 0 < int(port) < 65536:
-        return None
-    return "must be HOST:PORT (e.g. 10.0.0.2:8476) or \"\" to auto-detect it on Cloud TPU"
-
-
 @_frozen
 class DistributedConfig(Section):
     """Several processes, one per host, joined by JAX's distributed runtime (`config.distributed`;
@@ -328,7 +321,7 @@ class DistributedConfig(Section):
 
     enabled: bool = setting(False, help="join the other processes with jax.distributed.initialize before "
                             "anything runs; False = a single process")
-    coordinator_address: str = setting("", rule=_coordinator_address_rule,
+    coordinator_address: str = setting("", rule=coordinator_address_rule,
                                        help="HOST:PORT of process 0's coordinator service; \"\" = auto-detected "
                                        "(Cloud TPU, SLURM, ...)")
     num_processes: int = setting(0, rule=at_least_zero, help="processes in the run; 0 = auto-detected")
@@ -355,46 +348,12 @@ class DistributedConfig(Section):
                               f"{path}.enabled=False; set {path}.enabled=True to run several processes")
 
 
-def check_instances_per_process(instances_per_agent: int, processes: int) -> None:
-    """Each process rolls out every agent on its own instances: instances_per_agent must be a multiple of the
-    process count (0 = not known yet: checked again once the processes joined)."""
-    if processes and instances_per_agent % processes:
-        raise ConfigError(f"config.rollout.instances_per_agent={instances_per_agent} must be a multiple of the "
-                          f"{processes} processes: each process serves every agent on instances of its own")
-
-
-def check_train_mesh_per_process(train_devices_per_agent: int, processes: int) -> None:
-    """Every process issues every training computation (docs/architecture.md, "Several hosts"), so a training
-    mesh must hold the same number of devices of each process: train_devices_per_agent a multiple of the process
-    count (0 = not known yet: checked again once the processes joined). A mesh on some processes only would need
-    its trainer's work, checkpoints and syncs confined to them, which the run does not do."""
-    if processes and train_devices_per_agent % processes:
-        raise ConfigError(f"config.mesh.train_devices_per_agent={train_devices_per_agent} must be a multiple of the "
-                          f"{processes} processes: every training mesh spans all of them, one device of each in "
-                          f"turn (e.g. mesh.train_devices_per_agent={processes} with mesh.train_slices=1)")
-
-
-def check_per_process(config: "RunConfig", processes: int) -> None:
-    """The placement rules that depend on the process count (0 = not known yet)."""
-    check_instances_per_process(config.rollout.instances_per_agent, processes)
-    check_train_mesh_per_process(config.mesh.train_devices_per_agent, processes)
-
-
-def _workdir_rule(workdir: str) -> str | None:
-    if not workdir:
-        return "must not be empty"
-    scheme = workdir.split("://", 1)[0] if "://" in workdir else ""
-    if scheme and scheme not in ("gs", "s3"):
-        return f"has scheme {scheme}://; allowed: a path, file:///ABS/PATH, gs://bucket/path"
-    return None
-
-
 @_frozen
 class RunConfig(Section):
     """A whole run. Built from a ConfigDict by `from_config`; every construction checks every rule."""
 
     seed: int = setting(0, help="one seed drives task generation, parameter init, sampling and shuffling")
-    workdir: str = setting("runs/tiny", rule=_workdir_rule,
+    workdir: str = setting("runs/tiny", rule=workdir_rule,
                            help="metrics.jsonl, plots, checkpoints and the store live here: a path, file:///ABS/PATH "
                            "or gs://bucket/path (flexmarl_jax/workdir_paths.py); a file:// URL becomes its path")
     iterations: int = setting(120, rule=positive, help="RL iterations (one policy update per agent each)")

@@ -34,6 +34,7 @@ from flexmarl_jax.distributed.ordered_issue import OrderedIssuer
 from flexmarl_jax.metrics import GENERATED_TOKENS, REQUESTS, Timeline
 from flexmarl_jax.orchestrator.dispatch import AgentDispatcher, DispatchStats, TrainerFailed
 from flexmarl_jax.orchestrator.invariants import ConsistencyChecker
+from flexmarl_jax.orchestrator.iteration_record import agent_records, train_pool_record
 from flexmarl_jax.orchestrator.liveness import IterationAbandoned, Liveness, ProgressBeacon
 from flexmarl_jax.orchestrator.shared_training import TrainingPool
 from flexmarl_jax.orchestrator.sink import StoreSink
@@ -341,7 +342,8 @@ class JointOrchestrator:
                    for agent, dispatcher in dispatchers.items()}
         record = self._record(iteration, t0, rollout, result, stats, train_metrics,
                               {agent: len(ids) for agent, ids in trained.items()})
-        record["train_pool"] = self._train_pool_record(t0, self.timeline.now(), pool_t0)
+        record["train_pool"] = train_pool_record(self.timeline, self.trainers, self.training, t0, self.timeline.now(),
+                                                 pool_t0)
         if self.on_update_applied is not None:
             self.on_update_applied(iteration, record, trained)  # checkpoint: before the rows count as consumed
             self.beacon.beat(f"iteration {iteration} checkpointed")
@@ -460,56 +462,13 @@ class JointOrchestrator:
     _last_iteration = 1 << 30
 
     # ------------------------------------------------------------------------------------------ metrics
-    def _train_pool_record(self, t0: float, t1: float, pool_t0: float) -> dict:
-        """Training-pool utilization over [t0, t1]: gradient/update seconds of every agent / (slices x wall).
-
-        Slices: the shared pool's S, or one dedicated mesh per agent (static binding); a shared pool adds
-        ``held``, the fraction of slice time leased to some agent, and its move counts.
-        """
-        resources = {f"train/{agent}" for agent in self.trainers}
-        compute = sum(max(0.0, min(i.end, t1) - max(i.start, t0))
-                      for i in self.timeline.intervals(include_open=True, overlapping=(t0, t1))
-                      if i.kind == "train" and i.resource in resources)
-        slices = self.training.num_slices
-        return {"slices": slices, "agents": len(self.trainers), "busy_s": compute,
-                "utilization": compute / (slices * max(t1 - t0, 1e-9)), **self.training.usage(pool_t0)}
-
     def _record(self, iteration, t0, rollout: _Rollout, result: RunResult, stats, train_metrics, consumed) -> dict:
         t1 = self.timeline.now()
         tokens = sum(load.completion_tokens for load in result.load.values())
         for agent, load in result.load.items():
             self.timeline.increment(REQUESTS, agent, load.requests, time=rollout.end_time)
             self.timeline.increment(GENERATED_TOKENS, agent, load.completion_tokens, time=rollout.end_time)
-        agents = {}
-        served: dict[str, list[float]] = {agent: [] for agent in self.trainers}
-        for trajectory in result.trajectories:
-            for output in trajectory.outputs.values():
-                served[output.agent].append(trajectory.team_reward)
-        for agent in self.trainers:
-            metrics = train_metrics.get(agent, {})
-            rewards = stats[agent].rewards
-            agents[agent] = {
-                "reward": float(np.mean(rewards)) if rewards else None,
-                "accuracy": float(np.mean(served[agent])) if served[agent] else None,
-                "samples": consumed[agent],
-                "micro_batches": stats[agent].micro_batches,
-                "first_claim_s": stats[agent].first_claim_s,
-                "requests": result.load[agent].requests if agent in result.load else 0,
-                # later turns skipped because quoted responses pushed their prompt past rollout.max_prompt_length
-                "overflowed": result.load[agent].overflowed if agent in result.load else 0,
-                "entropy": stats[agent].neg_logprob_sum / stats[agent].tokens if stats[agent].tokens else None,
-                "kl": metrics.get("kl"),
-                "clip_frac": metrics.get("clip_fraction"),
-                # truncated importance sampling (max_staleness > 0), over the iteration's tokens; None when off
-                "is_weight_mean": metrics.get("is_weight_mean"),
-                "is_weight_max": metrics.get("is_weight_max"),
-                "is_clip_fraction": metrics.get("is_clip_fraction"),
-                "loss": metrics.get("loss"),
-                "value_loss": metrics.get("value_loss"),  # ppo: the critic's
-                "grad_norm": metrics.get("grad_norm"),
-                # rows whose advantage was 0 throughout, not computed: they add nothing (train/rows_without_signal.py)
-                "skipped_rows": metrics.get("skipped_rows"),
-            }
+        agents = agent_records(self.trainers, result, stats, train_metrics, consumed)
         return {
             "iteration": iteration,
             "team_accuracy": result.accuracy,

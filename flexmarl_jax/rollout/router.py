@@ -54,6 +54,7 @@ from flexmarl_jax.rollout.routing_state import (
     LoadHeaps,
     Member,
     members_of,
+    move_problem,
 )
 
 logger = logging.getLogger(__name__)
@@ -314,24 +315,10 @@ class RequestRouter:
             member = self._members.get(instance_name)
             if member is None:
                 raise ValueError(f"unknown instance {instance_name!r}; instances: {sorted(self._members)}")
-            if member.state != SERVING:
-                raise ValueError(f"instance {instance_name!r} is {member.state}; only a serving instance can move")
-            if member.shared:
-                raise ValueError(f"instance {instance_name!r} serves {list(member.serves)} at once (a LoRA base "
-                                 "group's engine); it does not move between agents")
-            if member.agent == to_agent:
-                raise ValueError(f"instance {instance_name!r} already serves {to_agent!r}")
-            peers = [m for m in self._members.values() if m.state != BROKEN and m is not member
-                     and (m.agent == to_agent or m.target_agent == to_agent)]
-            if peers and peers[0].architecture != member.architecture:
-                raise ValueError(
-                    f"cannot move instance {instance_name!r} from {member.agent!r} to {to_agent!r}: its model "
-                    f"architecture {member.architecture!r} differs from {to_agent!r}'s {peers[0].architecture!r}; "
-                    "instances only move between agents of the same architecture")
             remaining = len(self.instances_of(member.agent, include_incoming=True)) - 1
-            if remaining < min_instances:
-                raise ValueError(f"moving {instance_name!r} would leave {member.agent!r} with {remaining} "
-                                 f"instance(s); every agent keeps at least {min_instances}")
+            problem = move_problem(member, to_agent, self._members.values(), remaining, min_instances)
+            if problem:
+                raise ValueError(problem)
             self._weights_provider_check(to_agent)
             member.state, member.target_agent = DRAINING, to_agent
             member.moving_since = self.clock()

@@ -177,3 +177,28 @@ def _live(entry: tuple, agent: str) -> bool:
     """Whether a heap entry still describes its member: same load version, serving, and serving `agent`."""
     member = entry[3]
     return entry[2] == member.version and member.state == SERVING and agent in member.serves
+
+
+def move_problem(member: Member, to_agent: str, members: Iterable[Member], remaining: int,
+                 min_instances: int) -> str | None:
+    """Why `member` cannot move to `to_agent` now, or None: it is not serving, it is a LoRA base group's shared
+    engine, it serves `to_agent` already, `to_agent`'s instances run another model architecture, or its agent
+    would keep `remaining` < `min_instances` instances."""
+    name = member.name
+    if member.state != SERVING:
+        return f"instance {name!r} is {member.state}; only a serving instance can move"
+    if member.shared:
+        return (f"instance {name!r} serves {list(member.serves)} at once (a LoRA base group's engine); it does not "
+                "move between agents")
+    if member.agent == to_agent:
+        return f"instance {name!r} already serves {to_agent!r}"
+    peers = [m for m in members if m.state != BROKEN and m is not member
+             and (m.agent == to_agent or m.target_agent == to_agent)]
+    if peers and peers[0].architecture != member.architecture:
+        return (f"cannot move instance {name!r} from {member.agent!r} to {to_agent!r}: its model architecture "
+                f"{member.architecture!r} differs from {to_agent!r}'s {peers[0].architecture!r}; instances only "
+                "move between agents of the same architecture")
+    if remaining < min_instances:
+        return (f"moving {name!r} would leave {member.agent!r} with {remaining} instance(s); every agent keeps at "
+                f"least {min_instances}")
+    return None
