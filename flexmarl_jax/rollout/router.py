@@ -53,6 +53,7 @@ from flexmarl_jax.rollout.routing_state import (
     Job,
     LoadHeaps,
     Member,
+    holds,
     members_of,
     move_problem,
 )
@@ -133,9 +134,7 @@ class RequestRouter:
     def instances_of(self, agent: str, *, include_incoming: bool = False) -> list[RoutableInstance]:
         """Instances serving `agent` now (with `include_incoming`, also those being moved to it)."""
         with self._lock:
-            return [m.instance for m in self._members.values()
-                    if (m.state == SERVING and agent in m.serves)
-                    or (include_incoming and m.state in (DRAINING, LOADING) and m.target_agent == agent)]
+            return [m.instance for m in self._members.values() if holds(m, agent, include_incoming=include_incoming)]
 
     def num_instances(self, agent: str) -> int:
         return len(self.instances_of(agent, include_incoming=True))
@@ -290,7 +289,7 @@ class RequestRouter:
                 raise ValueError(f"unknown agent {agent!r}; served agents: {sorted(self._queues)}")
             self._weights[agent] = (params, int(version))
             self._weights_generation[agent] += 1
-            targets = [m for m in self._members.values() if m.state == SERVING and agent in m.serves]
+            targets = [m for m in self._members.values() if holds(m, agent)]
         for member in targets:
             if member.shared:
                 member.instance.update_agent_params(agent, params, version)
@@ -315,8 +314,7 @@ class RequestRouter:
             member = self._members.get(instance_name)
             if member is None:
                 raise ValueError(f"unknown instance {instance_name!r}; instances: {sorted(self._members)}")
-            remaining = len(self.instances_of(member.agent, include_incoming=True)) - 1
-            problem = move_problem(member, to_agent, self._members.values(), remaining, min_instances)
+            problem = move_problem(member, to_agent, self._members.values(), min_instances)
             if problem:
                 raise ValueError(problem)
             self._weights_provider_check(to_agent)

@@ -176,14 +176,20 @@ class LoadHeaps:
 def _live(entry: tuple, agent: str) -> bool:
     """Whether a heap entry still describes its member: same load version, serving, and serving `agent`."""
     member = entry[3]
-    return entry[2] == member.version and member.state == SERVING and agent in member.serves
+    return entry[2] == member.version and holds(member, agent)
 
 
-def move_problem(member: Member, to_agent: str, members: Iterable[Member], remaining: int,
-                 min_instances: int) -> str | None:
+def holds(member: Member, agent: str, *, include_incoming: bool = False) -> bool:
+    """Whether `member` is one of `agent`'s instances: serving it now, or (`include_incoming`) being moved to it."""
+    return ((member.state == SERVING and agent in member.serves)
+            or (include_incoming and member.state in (DRAINING, LOADING) and member.target_agent == agent))
+
+
+def move_problem(member: Member, to_agent: str, members: Iterable[Member], min_instances: int) -> str | None:
     """Why `member` cannot move to `to_agent` now, or None: it is not serving, it is a LoRA base group's shared
     engine, it serves `to_agent` already, `to_agent`'s instances run another model architecture, or its agent
-    would keep `remaining` < `min_instances` instances."""
+    would keep fewer than `min_instances` instances (those moving to it count)."""
+    members = list(members)
     name = member.name
     if member.state != SERVING:
         return f"instance {name!r} is {member.state}; only a serving instance can move"
@@ -198,6 +204,7 @@ def move_problem(member: Member, to_agent: str, members: Iterable[Member], remai
         return (f"cannot move instance {name!r} from {member.agent!r} to {to_agent!r}: its model architecture "
                 f"{member.architecture!r} differs from {to_agent!r}'s {peers[0].architecture!r}; instances only "
                 "move between agents of the same architecture")
+    remaining = sum(holds(m, member.agent, include_incoming=True) for m in members) - 1
     if remaining < min_instances:
         return (f"moving {name!r} would leave {member.agent!r} with {remaining} instance(s); every agent keeps at "
                 f"least {min_instances}")
