@@ -183,9 +183,6 @@ def base_config() -> ml_collections.ConfigDict:
     config.run.stall_timeout_s = 600.0
     config.run.stop_mode = "finish"  # SIGTERM/SIGINT: finish | abandon the running iteration; a second signal abandons
     config.run.stop_timeout_s = 300.0  # a signalled stop ends the process within this many seconds
-    # Compiled programs kept across runs (flexmarl_jax/compile_cache.py): a second run of the same shapes loads them
-    # instead of compiling; "" = off. $JAX_COMPILATION_CACHE_DIR, when set, wins.
-    config.run.compile_cache = "~/.cache/flexmarl/jax"
 
     # Several processes, one per host (docs/architecture.md, "Several hosts"): each joins JAX's distributed runtime
     # before anything runs, and the run places its meshes on the global device set. The defaults mean one process.

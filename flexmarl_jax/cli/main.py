@@ -17,7 +17,6 @@ import sys
 from absl import logging as absl_logging
 
 from flexmarl_jax import faults, host_allocator
-from flexmarl_jax.compile_cache import enable_compile_cache
 from flexmarl_jax.config import RunConfig, check_devices, parse_train_flags
 from flexmarl_jax.config.cli_flags import train_help
 from flexmarl_jax.config.errors import ConfigError
@@ -82,7 +81,6 @@ def cmd_train(argv: list[str]) -> int:
     with lock:
         # The placement against every process's devices (the global count), before any work.
         check_devices(config, _prepare_devices(config) if devices is None else devices)
-        enable_compile_cache(config.run.compile_cache)  # before the run's first compile
         # lazy: dispatcher: orchestrator.run loads JAX, Orbax and the trainer (3.3 s)
         from flexmarl_jax.orchestrator.run import run_training
 

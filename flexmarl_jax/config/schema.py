@@ -312,8 +312,6 @@ class RunControlConfig(Section):
                              "(and checkpoint it) or abandon it (resume redoes it); a second signal abandons")
     stop_timeout_s: float = setting(300.0, rule=above_zero,
                                     help="a stop asked for by a signal ends the process within this many seconds")
-    compile_cache: str = setting("~/.cache/flexmarl/jax", help="folder of compiled programs kept across runs "
-                                 "(flexmarl_jax/compile_cache.py); \"\" = off; $JAX_COMPILATION_CACHE_DIR wins")
 
 
 @_frozen
