@@ -12,8 +12,8 @@ held out for eval; math-verify checks the final answer of each worked solution, 
 natural-language chat role prompts, the solver's and corrector's system prompts replaced by SYSTEM_PROMPTS.
 
 Variants (`--config=configs/smollm2_team.py:VARIANT`; several joined by commas, with those of configs/tiny.py):
-  cpu        this 2-core CPU host, float32 (docs/recipes.md has what it costs and learns as measured: seed 1's
-             team gained 8 points in 44 minutes)
+  cpu        this 2-core CPU host, float32 (docs/recipes.md has what it costs and learns as measured: seed 0's
+             team gained 10.5 points in 42 minutes)
   cpu_smoke  cpu at the smallest size: one iteration, an eval of 4 problems (tests, CI)
   lora       each agent a rank-32 LoRA adapter on one shared base (with cpu: `:cpu,lora`; docs/lora.md)
   lora_mixture15
@@ -52,9 +52,10 @@ def get_config(variant: str | None = None) -> ml_collections.ConfigDict:
 def base_config() -> ml_collections.ConfigDict:
     config = tiny.base_config()
     config.workdir = "runs/smollm2_team"
-    # Once compiled an iteration takes 120-250 s and a 200-problem eval 200-340 s here: the whole run 44 minutes
-    # for seed 1 (docs/recipes.md).
-    config.iterations = 12
+    # Six updates of 8 problems each: the same 48 problems as 12 updates of 4, but each update sees twice the
+    # problems. Once compiled an iteration took 150-390 s and a 200-problem eval 330-650 s on a slow host: the
+    # whole run 42 minutes for seed 0 (docs/recipes.md).
+    config.iterations = 6
 
     for agent in config.agents.values():
         agent.model = default_checkpoint()
@@ -66,16 +67,17 @@ def base_config() -> ml_collections.ConfigDict:
     # Sampled at 0.7 the untrained solver is right 12% of the time against 19-22% greedy; at 0.5, 17% (transformers,
     # 48 eval problems x 4 samples), which puts a right answer in more groups.
     config.agents.solver.temperature = 0.5
-    # One optimizer update per iteration (micro-batches accumulate), so a run makes 12 updates. At 5e-5 (verifier
-    # 1e-5) over 10 updates seed 0's team gained 9 points and seed 1's lost 6: Adam moves every weight by about
-    # the learning rate each update whatever the signal's strength, and with 4 problems an update the steps were
-    # likely mostly noise. Half that step (the verifier's half again) over 12 updates: seed 1's team gained 8
-    # (docs/recipes.md).
-    config.agents.solver.learning_rate = 2.5e-5
-    config.agents.corrector.learning_rate = 2.5e-5
+    # One optimizer update per iteration (micro-batches accumulate), so a run makes 6 updates. With 4 problems an
+    # update, outcomes swung by seed: at 5e-5 (verifier 1e-5) over 10 updates seed 0's team gained 9 points and
+    # seed 1's lost 6; at half that over 12 updates seed 1 gained 8 and seed 0 lost 9.5. A seed's first problems
+    # decide how much signal the first updates get (seed 0's are mostly the additions and subtractions the
+    # untrained solver never gets right: docs/recipes.md). With 8 problems an update, 5e-5 over 6 updates: seed 0
+    # gained 10.5.
+    config.agents.solver.learning_rate = 5e-5
+    config.agents.corrector.learning_rate = 5e-5
     # The verifier's replies are short, so one update moves them far: at 1e-4 it collapsed to a bare "No" after a
     # single update (docs/recipes.md).
-    config.agents.verifier.learning_rate = 5e-6
+    config.agents.verifier.learning_rate = 1e-5
     # The model states "The answer is N." and then goes on writing (a new problem, a restatement) until the cap:
     # ending at that line's end keeps the answer the parser reads the first one given and halves the tokens.
     for name in ("solver", "corrector"):
@@ -97,14 +99,14 @@ def base_config() -> ml_collections.ConfigDict:
     # verdict, the verifier learns to reject everything ("No" is right 3 times in 4) and the team's answer becomes
     # the corrector's; rewarded by the team's answer alone, passing the solver's right answers is what pays.
     workflow.shaping_weights.verifier_judgement = 0.0
-    workflow.queries_per_iteration = 4
-    # The GRPO group size: 32 rows per agent per iteration. At 8 samples a group holds a right and a wrong answer
-    # more often than at 4 when one sample in six is right; but 4 problems an update is little data, and seed 1
-    # collapsed on easy ones. 8 problems x 4 samples with Dr.GRPO did worse on seed 1 (docs/recipes.md).
+    workflow.queries_per_iteration = 8
+    # The GRPO group size: 64 rows per agent per iteration. At 8 samples a group holds a right and a wrong answer
+    # more often than at 4 when one sample in six is right. 8 problems x 4 samples with Dr.GRPO, at 5e-5 over 10
+    # updates, collapsed seed 1 (docs/recipes.md).
     workflow.samples_per_query = 8
     workflow.warmup_steps = 0  # an instruct checkpoint already answers in the format the parser reads
 
-    config.eval.every = 12  # the start and the end only: one eval costs about as much as one and a half iterations
+    config.eval.every = 6  # the start and the end only: one eval costs about as much as two iterations
     config.eval.problems = 200
     config.eval.samples = 0  # greedy only: the sampled pass would cost k greedy passes, and the goal is greedy
 
@@ -146,11 +148,16 @@ def _cpu_smoke(config: ml_collections.ConfigDict) -> None:
 
 def _lora(config: ml_collections.ConfigDict) -> None:
     """Each agent a rank-32 LoRA adapter (alpha 64, all seven projections) on one shared SmolLM2 base
-    (docs/lora.md), at 8x the full fine-tune's learning rates: B starts at zero and the update is
-    (alpha / r) A B, so an Adam step of the adapter moves the weights less than the same step of the weights."""
+    (docs/lora.md), at 4x the full fine-tune's learning rates (solver and corrector 2e-4, verifier 4e-5): B
+    starts at zero and the update is (alpha / r) A B, so an Adam step of the adapter moves the weights less than
+    the same step of the weights. Not yet measured in a whole run."""
     for agent in config.agents.values():
         agent.lora.rank = 32
         agent.lora.alpha = 64.0
+    # One engine serves the whole group with its leader's (the solver's) slots: three agents' worth, as the full
+    # fine-tune's three engines have. With one agent's 32, the first 200-problem eval ran past 17 minutes
+    # (2026-12-07), where the full fine-tune's took 10.
+    config.agents.solver.decode_slots = 3 * config.rollout.decode_slots
     config.agents.solver.learning_rate = 2e-4
     config.agents.corrector.learning_rate = 2e-4
     config.agents.verifier.learning_rate = 4e-5
